@@ -1,0 +1,5 @@
+import sys
+
+from trainperf.cli import main
+
+sys.exit(main())

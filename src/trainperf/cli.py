@@ -1,0 +1,197 @@
+"""trainperf: one entry point, one sub-command per question.
+
+Exit codes: 0 success, 1 the run failed (e.g. target not reached), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from trainperf.specs import SpecError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_DB = "trainperf.db"
+DEFAULT_OUT = "runs"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: one line, exit 2
+        self.exit(EXIT_BAD_INPUT, f"trainperf: error: {message}\n")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"results store, an SQLite file (default ./{DEFAULT_DB})")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one spec value (repeatable), e.g. --set train.global_batch_size=32")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="processes to launch with torchrun (default 1)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainperf", description="Prove, tune and explain how fast a GPU cluster trains LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("run", help="train a workload to its quality target (MLPerf clock, log, store)",
+                       description="Train WORKLOAD until its eval loss meets the target; exit 1 if max steps come first.")
+    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    _run_args(p)
+    _common(p)
+
+    p = sub.add_parser("workloads", help="list workloads", description="List the workloads with one-line descriptions.")
+    _common(p)
+
+    p = sub.add_parser("report", help="table of stored runs", description="Show the runs in the results store.")
+    p.add_argument("--workload", help="only runs of this workload")
+    p.add_argument("--limit", type=int, default=50, help="newest N runs (default 50)")
+    _common(p)
+
+    p = sub.add_parser("demo", help="the main job on embedded defaults: mini-lora on 2 processes, then the report",
+                       description="Run mini-lora to its target on 2 processes (GPUs if present, else CPU), store it, "
+                                   "and print the report table.")
+    p.add_argument("--nproc-per-node", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    _common(p)
+    return parser
+
+
+def _bad_input(msg: str, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"error": msg, "exit_code": EXIT_BAD_INPUT}))
+    print(f"trainperf: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def cmd_workloads(args) -> int:
+    from trainperf.workloads import WORKLOADS
+
+    if args.json:
+        print(json.dumps([{"name": w.name, "description": w.description} for w in WORKLOADS.values()], indent=2))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="trainperf workloads")
+    table.add_column("workload")
+    table.add_column("description")
+    for w in WORKLOADS.values():
+        table.add_row(w.name, w.description)
+    Console().print(table)
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from trainperf.report.table import print_table, rows_for_json
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        store = Store(args.db)
+    except StoreError as exc:
+        return _bad_input(str(exc), args.json)
+    store.reap_dead_runs()
+    runs = store.list_runs(workload=args.workload, limit=args.limit)
+    store.close()
+    if args.json:
+        print(json.dumps(rows_for_json(runs), indent=2))
+    else:
+        print_table(runs)
+    return EXIT_OK
+
+
+SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
+                "final_eval_loss", "target", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+                "peak_mem_gib", "layout", "world_size", "mllog", "out_dir", "adapter", "seed")
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.console import Console
+
+    c = Console(stderr=False)
+    ok = summary["status"] == "success"
+    head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
+    c.print(f"{head} {summary['workload']} run {summary['run_id']}")
+    if ok:
+        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
+                f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
+    else:
+        c.print(f"  {summary.get('status_reason')}")
+    if summary.get("tokens_per_s"):
+        mfu = summary.get("mfu")
+        c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
+                f"process), {summary['model_tflops_per_gpu']:.3f} model TFLOP/s per process, MFU "
+                + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a (no peak FLOP/s known for this device)"))
+        c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
+    c.print(f"  mllog          {summary['mllog']}")
+
+
+def cmd_run(args, workload: str | None = None) -> int:
+    from trainperf.launch import local
+
+    workload = workload or args.workload
+    t0 = time.perf_counter()
+    try:
+        if args.nproc_per_node < 1:
+            raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+        ext = local.external_launcher()
+        world = local.external_world_size() if ext else args.nproc_per_node
+        spec, _info = local.prepare(workload, args.config, args.overrides, world)
+        from trainperf.store.db import Store
+
+        Store(args.db).close()  # a bad --db fails here, before any work
+    except SpecError as exc:
+        return _bad_input(str(exc), args.json)
+    except Exception as exc:
+        from trainperf.store.db import StoreError
+
+        if isinstance(exc, StoreError):
+            return _bad_input(str(exc), args.json)
+        raise
+    progress = _interactive() and not args.json
+    if ext:
+        summary = local.run_as_external_rank(spec, args.out, args.db, progress)
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
+            return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
+    else:
+        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress)
+    summary["wall_s"] = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({k: summary.get(k) for k in SUMMARY_KEYS} | {"evals": summary.get("evals", []),
+                                                                     "wall_s": summary["wall_s"]}, indent=2))
+    else:
+        _print_summary(summary)
+    return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
+
+
+def cmd_demo(args) -> int:
+    import torch
+
+    args.config, args.overrides = None, []
+    if not torch.cuda.is_available() or torch.cuda.device_count() < args.nproc_per_node:
+        args.overrides.append("hardware.device=cpu")
+    rc = cmd_run(args, workload="mini-lora")
+    if not args.json:
+        report_args = argparse.Namespace(db=args.db, json=False, workload=None, limit=10)
+        cmd_report(report_args)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"run": cmd_run, "workloads": cmd_workloads, "report": cmd_report, "demo": cmd_demo}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Token datasets on disk: a directory with ``train.safetensors`` and ``validation.safetensors``.
+
+Each file holds ``input_ids`` (int, [rows, seq]) and ``loss_mask`` (bool/int, [rows, seq]);
+``loss_mask[i, t]`` says whether token t of row i is a prediction target (predicted from tokens < t),
+the same meaning as MLPerf's ``loss_mask`` / ``labels != -100``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from trainperf.specs import SpecError
+
+SPLITS = ("train", "validation")
+
+
+@dataclass
+class TokenSplit:
+    input_ids: torch.Tensor  # int64 [rows, seq]
+    loss_mask: torch.Tensor  # bool [rows, seq]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def save_split(split: TokenSplit, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({"input_ids": split.input_ids.to(torch.int32).contiguous(),
+                   "loss_mask": split.loss_mask.to(torch.uint8).contiguous()}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def inspect_dataset(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
+    """Header-only check of a dataset dir: files present, readable, shapes consistent. Rows per split."""
+    p = Path(path)
+    if not p.is_dir():
+        raise SpecError(f"data.path {path!r} is not a directory (expected train.safetensors and validation.safetensors)")
+    rows = {}
+    for split in SPLITS:
+        f = p / f"{split}.safetensors"
+        if not f.is_file():
+            raise SpecError(f"data.path {path!r} has no {split}.safetensors")
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                names = set(sf.keys())
+                if not {"input_ids", "loss_mask"} <= names:
+                    raise SpecError(f"data.path {path!r}: {f.name} must hold input_ids and loss_mask, found {sorted(names)}")
+                shape = list(sf.get_slice("input_ids").get_shape())
+                mshape = list(sf.get_slice("loss_mask").get_shape())
+        except SpecError:
+            raise
+        except Exception as exc:
+            raise SpecError(f"data.path {path!r}: {f.name} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+        if len(shape) != 2 or shape != mshape:
+            raise SpecError(f"data.path {path!r}: {f.name} input_ids {shape} and loss_mask {mshape} must be equal 2-D shapes")
+        if shape[1] != seq_len:
+            raise SpecError(f"data.path {path!r}: {f.name} rows have {shape[1]} tokens but data.seq_len={seq_len}")
+        if shape[0] < 1:
+            raise SpecError(f"data.path {path!r}: {f.name} has no rows")
+        rows[split] = shape[0]
+    return rows
+
+
+def load_split(path: str, split: str, vocab_size: int) -> TokenSplit:
+    with safe_open(str(Path(path) / f"{split}.safetensors"), framework="pt") as sf:
+        ids = sf.get_tensor("input_ids").to(torch.int64)
+        mask = sf.get_tensor("loss_mask").to(torch.bool)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise SpecError(f"data.path {path!r}: {split} token ids span [{int(ids.min())}, {int(ids.max())}], "
+                        f"outside the model's vocabulary [0, {vocab_size})")
+    return TokenSplit(ids, mask)

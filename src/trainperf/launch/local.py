@@ -1,0 +1,162 @@
+"""From a command line to running ranks: resolve and validate the spec (before anything is launched),
+prepare the workload's inputs (untimed), create the store row, then start the ranks -- with torchrun
+on this machine, or in-process when an external torchrun/srun already started us as one rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainperf.model import checkpoint as ckpt
+from trainperf.data.tokens import inspect_dataset
+from trainperf.parallel.parallelize import layout_string
+from trainperf.specs import RunSpec, SpecError, resolve_spec, validate
+from trainperf.workloads import get_workload
+
+
+def external_launcher() -> str | None:
+    """'torchrun' or 'srun' when this process is one rank of a job someone else launched."""
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return "torchrun"
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
+        return "srun"
+    return None
+
+
+def external_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+
+
+def _apply_checkpoint_config(spec: RunSpec) -> None:
+    """A checkpoint's config.json defines the architecture; its tensors must match it."""
+    index = ckpt.inspect_checkpoint(spec.model.path)
+    fields = ckpt.hf_config_to_model_fields(index.config, f"model.path {spec.model.path!r}")
+    for k, v in fields.items():
+        setattr(spec.model, k, type(getattr(spec.model, k))(v))
+    ckpt.check_checkpoint(index, spec.model)
+
+
+def prepare(workload: str, config: str | None, overrides: list[str], world_size: int) -> tuple[RunSpec, dict]:
+    """Everything that can fail on bad input, in order, before any process starts. Raises SpecError."""
+    wl = get_workload(workload)
+    spec = resolve_spec(wl.defaults(), config, overrides)
+    if spec.hardware.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecError("hardware.device=cuda but no CUDA device is visible; use hardware.device=cpu or auto")
+        if world_size > torch.cuda.device_count() and external_launcher() is None:
+            raise SpecError(f"--nproc-per-node {world_size} exceeds the {torch.cuda.device_count()} visible GPUs")
+    validate(spec, world_size)
+    if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
+        _apply_checkpoint_config(spec)
+        validate(spec, world_size)
+    info = wl.prepare(spec)
+    if spec.model.path:
+        _apply_checkpoint_config(spec)
+        validate(spec, world_size)
+    if not spec.data.path:
+        raise SpecError(f"workload {workload!r} needs data.path (a dataset directory)")
+    rows = inspect_dataset(spec.data.path, spec.data.seq_len, spec.model.vocab_size)
+    if rows["train"] < spec.train.global_batch_size:
+        raise SpecError(f"data.path {spec.data.path!r} has {rows['train']} training rows, fewer than one global batch "
+                        f"({spec.train.global_batch_size})")
+    if spec.eval.target < 0:
+        raise SpecError("eval.target is not set: give eval.target=VALUE (the eval loss that ends the run)")
+    if spec.train.seed < 0:
+        spec.train.seed = secrets.randbelow(2**31 - 1)  # MLPerf: every run logs its own seed
+    return spec, info
+
+
+def new_run_id(workload: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}-{secrets.token_hex(3)}"
+
+
+def git_sha() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
+    """Run the job to completion and return its summary (status success or failed)."""
+    from trainperf.store.db import Store
+    from trainperf.train.loop import RunContext, train
+
+    run_id = new_run_id(spec.workload)
+    run_dir = Path(out_root) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(db_path)
+    store.reap_dead_runs()
+    store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
+                     spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
+                     git_sha=git_sha())
+    (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    try:
+        if nproc_per_node == 1:  # one rank: no need for a torchrun process tree
+            import torch.distributed as dist
+
+            try:
+                train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress))
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        else:
+            (run_dir / "launch.json").write_text(json.dumps(
+                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress}))
+            env = dict(os.environ)
+            if spec.hardware.device == "cpu" or not _cuda_available():
+                env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+                   "--tee=0", "-m", "trainperf.train.loop", str(run_dir)]
+            proc = subprocess.run(cmd, env=env)
+            if proc.returncode != 0:
+                store.mark_failed_if_running(run_id, f"torchrun exited with code {proc.returncode}")
+    except BaseException as exc:
+        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
+        raise
+    finally:
+        store.mark_failed_if_running(run_id, "the run ended without recording a result")
+        store.close()
+    summary_file = run_dir / "summary.json"
+    if summary_file.is_file():
+        return json.loads(summary_file.read_text())
+    row = Store(db_path).get_run(run_id) or {}
+    return {"run_id": run_id, "status": row.get("status", "failed"), "status_reason": row.get("status_reason"),
+            "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
+            "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
+
+
+def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:
+    """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
+    import torch.distributed as dist
+
+    from trainperf.train.loop import RunContext, init_distributed, pick_device, train
+
+    init_distributed(pick_device(spec))
+    box = [new_run_id(spec.workload), spec.train.seed] if dist.get_rank() == 0 else [None, None]
+    dist.broadcast_object_list(box, src=0)
+    run_id, spec.train.seed = box
+    run_dir = Path(out_root) / run_id
+    if dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    try:
+        return train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
+                                      create_row=True))
+    finally:
+        dist.destroy_process_group()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,277 @@
+"""Hugging Face safetensors checkpoints in, PEFT adapters out. No pickle anywhere.
+
+A checkpoint directory holds ``config.json`` and one or more ``*.safetensors`` shards (with
+``model.safetensors.index.json`` when sharded). ``inspect_checkpoint`` reads only the headers, so a
+missing, corrupt or mismatched checkpoint is reported before any process is launched.
+Loading goes tensor by tensor into whatever placement each parameter has (plain or DTensor):
+no rank ever holds more than one full tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from trainperf.specs import LoRASpec, ModelSpec, SpecError
+
+HF_CONFIG_KEYS = {  # ModelSpec field -> Hugging Face LlamaConfig key
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "rms_norm_eps",
+    "max_position_embeddings": "max_position_embeddings",
+}
+
+
+@dataclass
+class CheckpointIndex:
+    path: Path
+    config: dict
+    tensors: dict[str, tuple[Path, list[int], str]]  # name -> (file, shape, dtype)
+
+    @property
+    def fused_qkv(self) -> bool:
+        return any(n.endswith("self_attn.qkv_proj.weight") for n in self.tensors)
+
+
+def hf_config_to_model_fields(config: dict, where: str) -> dict:
+    fields = {}
+    for ours, theirs in HF_CONFIG_KEYS.items():
+        value = config.get(theirs)
+        if theirs == "rope_theta" and value is None:  # transformers 5 nests it
+            value = (config.get("rope_parameters") or {}).get("rope_theta")
+        if theirs == "num_key_value_heads" and value is None:
+            value = config.get("num_attention_heads")
+        if value is None:
+            if theirs in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
+                continue
+            raise SpecError(f"{where}: config.json lacks {theirs!r}")
+        fields[ours] = value
+    if config.get("tie_word_embeddings"):
+        raise SpecError(f"{where}: tied input/output embeddings are not supported (config.json tie_word_embeddings=true)")
+    return fields
+
+
+def model_fields_to_hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
+    cfg = {theirs: getattr(m, ours) for ours, theirs in HF_CONFIG_KEYS.items()}
+    cfg.update({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    })
+    return cfg
+
+
+def inspect_checkpoint(path: str) -> CheckpointIndex:
+    """Read config.json and every shard's header; SpecError if anything is missing or corrupt."""
+    p = Path(path)
+    if not p.is_dir():
+        raise SpecError(f"model.path {path!r} is not a directory (expected a Hugging Face checkpoint dir)")
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise SpecError(f"model.path {path!r} has no config.json")
+    try:
+        config = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"model.path {path!r}: config.json is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    files = sorted(p.glob("*.safetensors"))
+    index_file = p / "model.safetensors.index.json"
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError):
+            raise SpecError(f"model.path {path!r}: model.safetensors.index.json is corrupt (no weight_map)") from None
+        missing = sorted({f for f in weight_map.values() if not (p / f).is_file()})
+        if missing:
+            raise SpecError(f"model.path {path!r}: shard {missing[0]} named in the index is missing")
+        files = sorted({p / f for f in weight_map.values()})
+    if not files:
+        raise SpecError(f"model.path {path!r} holds no *.safetensors files (pickled .bin checkpoints are not loaded)")
+    tensors: dict[str, tuple[Path, list[int], str]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    sl = sf.get_slice(name)
+                    tensors[name] = (f, list(sl.get_shape()), sl.get_dtype())
+        except Exception as exc:
+            raise SpecError(f"model.path {path!r}: {f.name} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+    return CheckpointIndex(p, config, tensors)
+
+
+def expected_shapes(m: ModelSpec, fused_qkv: bool) -> dict[str, list[int]]:
+    h, hd, q_out, kv_out = m.hidden_size, m.head_dim, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    shapes = {"model.embed_tokens.weight": [m.vocab_size, h], "model.norm.weight": [h], "lm_head.weight": [m.vocab_size, h]}
+    for i in range(m.num_layers):
+        pre = f"model.layers.{i}."
+        shapes[pre + "input_layernorm.weight"] = [h]
+        shapes[pre + "post_attention_layernorm.weight"] = [h]
+        if fused_qkv:
+            shapes[pre + "self_attn.qkv_proj.weight"] = [q_out + 2 * kv_out, h]
+        else:
+            shapes[pre + "self_attn.q_proj.weight"] = [q_out, h]
+            shapes[pre + "self_attn.k_proj.weight"] = [kv_out, h]
+            shapes[pre + "self_attn.v_proj.weight"] = [kv_out, h]
+        shapes[pre + "self_attn.o_proj.weight"] = [h, q_out]
+        shapes[pre + "mlp.gate_proj.weight"] = [m.intermediate_size, h]
+        shapes[pre + "mlp.up_proj.weight"] = [m.intermediate_size, h]
+        shapes[pre + "mlp.down_proj.weight"] = [h, m.intermediate_size]
+    del hd
+    return shapes
+
+
+def check_checkpoint(index: CheckpointIndex, m: ModelSpec) -> None:
+    """Every tensor the model needs is present with the right shape (fusing/unfusing q,k,v allowed)."""
+    want = expected_shapes(m, index.fused_qkv)
+    for name, shape in want.items():
+        if name not in index.tensors:
+            raise SpecError(f"checkpoint {str(index.path)!r} lacks tensor {name!r}")
+        got = index.tensors[name][1]
+        if got != shape:
+            raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has shape {got}, config.json implies {shape}")
+        dtype = index.tensors[name][2]
+        if dtype not in ("F32", "F16", "BF16"):
+            raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has dtype {dtype}; expected F32, F16 or BF16")
+
+
+def split_qkv(qkv: torch.Tensor, hf_config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of a fused qkv_proj weight -> (q, k, v), by the head counts in config.json."""
+    heads = hf_config["num_attention_heads"]
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    head_dim = hf_config["hidden_size"] // heads
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=0)
+    return q, k, v
+
+
+class _TensorReader:
+    """Reads full tensors by name, keeping one open handle per shard file."""
+
+    def __init__(self, index: CheckpointIndex):
+        self.index = index
+        self._handles: dict[Path, object] = {}
+
+    def get(self, name: str) -> torch.Tensor:
+        f = self.index.tensors[name][0]
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), framework="pt")
+        return self._handles[f].get_tensor(name)
+
+    def full_tensor_for(self, param_name: str) -> torch.Tensor:
+        """The checkpoint's tensor for one of our parameter names, fusing or splitting q/k/v."""
+        base = param_name
+        if base in self.index.tensors:
+            return self.get(base)
+        if base.endswith("self_attn.qkv_proj.weight"):  # unfused checkpoint, fused model
+            pre = base[: -len("qkv_proj.weight")]
+            return torch.cat([self.get(pre + f"{x}_proj.weight") for x in "qkv"], dim=0)
+        for i, x in enumerate("qkv"):  # fused checkpoint, unfused model
+            if base.endswith(f"self_attn.{x}_proj.weight"):
+                pre = base[: -len(f"{x}_proj.weight")]
+                return split_qkv(self.get(pre + "qkv_proj.weight"), self.index.config)[i]
+        raise KeyError(param_name)
+
+
+def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
+    """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
+
+    LoRA adapter parameters are not in a base checkpoint and are left as initialised."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    reader = _TensorReader(index)
+    nbytes = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_A." in name or ".lora_B." in name:
+                continue
+            full = reader.full_tensor_for(name)
+            nbytes += full.numel() * full.element_size()
+            if isinstance(param, DTensor):
+                local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+                param.to_local().copy_(local.to_local())
+            else:
+                param.copy_(full)
+    return nbytes
+
+
+def _atomic_dir_write(dest: Path, write_into) -> None:
+    """Write a directory's files into a temp dir beside ``dest`` and rename it in place, so a
+    crash never leaves a half-written checkpoint where a reader would find it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        write_into(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_hf_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str) -> None:
+    """Save a full state dict (our names = HF names) as a Hugging Face checkpoint directory."""
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
+        next(iter(state.values())).dtype]
+
+    hf_config = model_fields_to_hf_config(m, dtype)
+    tensors = {}
+    for k, v in state.items():
+        if k.endswith("self_attn.qkv_proj.weight"):  # transformers' Llama has separate q/k/v
+            pre = k[: -len("qkv_proj.weight")]
+            for x, part in zip("qkv", split_qkv(v, hf_config)):
+                tensors[pre + f"{x}_proj.weight"] = part.contiguous()
+        else:
+            tensors[k] = v.contiguous()
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    _atomic_dir_write(Path(dest), write)
+
+
+def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, dest: str,
+                      base_model_path: str | None) -> None:
+    """``adapter_config.json`` + ``adapter_model.safetensors`` as PEFT writes them."""
+    from trainperf.model.lora import peft_adapter_config, peft_key
+
+    def write(tmp: Path) -> None:
+        (tmp / "adapter_config.json").write_text(json.dumps(peft_adapter_config(spec, base_model_path), indent=2))
+        tensors = {peft_key(k): v.contiguous() for k, v in adapter_state.items()}
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    _atomic_dir_write(Path(dest), write)
+
+
+def gather_full_state(model: torch.nn.Module, only_adapters: bool = False) -> dict[str, torch.Tensor]:
+    """Full CPU tensors of every (or every adapter) parameter. Collective under FSDP: call on all ranks."""
+    from torch.distributed.tensor import DTensor
+
+    from trainperf.model.lora import is_adapter_param
+
+    out = {}
+    for name, param in model.named_parameters():
+        if only_adapters and not is_adapter_param(name):
+            continue
+        t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+        out[name] = t.detach().to("cpu", copy=True)
+    return out

@@ -1,0 +1,176 @@
+"""A Llama-family decoder you can read in one sitting.
+
+GQA attention through ``F.scaled_dot_product_attention``, RoPE in the Hugging Face (rotate-half)
+convention, SwiGLU MLP, RMSNorm computed in fp32 as HF does, untied input/output embeddings and an
+optional fused ``qkv_proj`` (the MLPerf Llama-2-70B checkpoint's layout).
+
+Parameter names are those of Hugging Face's ``LlamaForCausalLM`` state dict, one to one:
+
+    model.embed_tokens.weight                         [vocab, hidden]
+    model.layers.{i}.input_layernorm.weight           [hidden]
+    model.layers.{i}.self_attn.q_proj.weight          [heads*head_dim, hidden]
+    model.layers.{i}.self_attn.k_proj.weight          [kv_heads*head_dim, hidden]
+    model.layers.{i}.self_attn.v_proj.weight          [kv_heads*head_dim, hidden]
+      (fused: model.layers.{i}.self_attn.qkv_proj.weight = cat(q, k, v) along dim 0)
+    model.layers.{i}.self_attn.o_proj.weight          [hidden, heads*head_dim]
+    model.layers.{i}.post_attention_layernorm.weight  [hidden]
+    model.layers.{i}.mlp.gate_proj.weight             [intermediate, hidden]
+    model.layers.{i}.mlp.up_proj.weight               [intermediate, hidden]
+    model.layers.{i}.mlp.down_proj.weight             [hidden, intermediate]
+    model.norm.weight                                 [hidden]
+    lm_head.weight                                    [vocab, hidden]
+
+so a Hugging Face safetensors checkpoint loads without renaming or permuting anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainperf.specs import ModelSpec
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, then cast back before the scale: the order HF uses, so logits match
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    t = torch.arange(seq_len, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)  # HF rotate-half layout: [f0..f_{d/2-1}, f0..f_{d/2-1}]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelSpec):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_out, kv_out = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.fused = cfg.fused_qkv
+        if self.fused:
+            self.qkv_proj = nn.Linear(cfg.hidden_size, q_out + 2 * kv_out, bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, q_out, bias=False)
+            self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
+            self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
+        self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        if self.fused:
+            q_out, kv_out = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q, k, v = self.qkv_proj(x).split([q_out, kv_out, kv_out], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # -1 rather than n_heads so that a tensor-parallel shard with fewer local heads still works
+        q = q.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelSpec):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelSpec):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(input_ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelSpec):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(input_ids))
+
+
+def build_on_meta(cfg: ModelSpec) -> LlamaForCausalLM:
+    """Build the module tree without allocating memory; materialise later with ``to_empty``."""
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg)
+
+
+def param_generator(seed: int, name: str, device) -> torch.Generator:
+    """A generator seeded by (seed, parameter name): the initial value of a parameter does not
+    depend on the parallel layout, the device count or the order parameters are visited in."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    g = torch.Generator(device=device)
+    g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, device) -> torch.Tensor:
+    """The full (unsharded) initial value of parameter ``name``, in fp32."""
+    g = param_generator(seed, name, device)
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, device=device)
+    if name.endswith("lora_B.weight"):
+        return torch.zeros(shape, device=device)
+    if name.endswith("lora_A.weight"):
+        # PEFT's default: kaiming_uniform(a=sqrt(5)) -> U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+        bound = 1.0 / math.sqrt(shape[1])
+        return (torch.rand(shape, generator=g, device=device) * 2 - 1) * bound
+    return torch.randn(shape, generator=g, device=device) * cfg.init_std

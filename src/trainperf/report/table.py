@@ -1,0 +1,49 @@
+"""The table of stored runs (rich on a terminal, JSON with --json)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+COLUMNS = ("run_id", "workload", "status", "layout", "world_size", "time_to_train_s", "samples_to_target",
+           "final_eval_loss", "target", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "division",
+           "comparable", "status_reason", "mllog_path")
+
+
+def rows_for_json(runs: list[dict]) -> list[dict]:
+    return [{k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable"))} for r in runs]
+
+
+def _fmt(v, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def print_table(runs: list[dict], console: Console | None = None) -> None:
+    console = console or Console(width=None if Console().is_terminal else 200)
+    table = Table(title=f"trainperf runs ({len(runs)})", show_lines=False)
+    for col, justify in (("run", "left"), ("workload", "left"), ("status", "left"), ("layout", "left"),
+                         ("procs", "right"), ("time to train", "right"), ("samples", "right"),
+                         ("eval / target", "right"), ("tokens/s", "right"), ("tok/s/gpu", "right"),
+                         ("MFU", "right"), ("peak GiB", "right"), ("division", "left")):
+        table.add_column(col, justify=justify)
+    for r in runs:
+        status = r["status"]
+        style = {"success": "green", "failed": "red", "running": "yellow", "hung": "magenta"}.get(status, "")
+        layout = (r.get("layout") or "").replace("dp_replicate=", "R").replace(",dp_shard=", "xS").split(",tp")[0]
+        division = (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")
+        table.add_row(
+            r["run_id"], r["workload"], f"[{style}]{status}[/{style}]" if style else status, layout,
+            _fmt(r.get("world_size")),
+            _fmt(r.get("time_to_train_s"), ".1f") + (" s" if r.get("time_to_train_s") is not None else ""),
+            _fmt(r.get("samples_to_target")),
+            f"{_fmt(r.get('final_eval_loss'), '.4f')} / {_fmt(r.get('target'), '.4f')}",
+            _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(r.get("tokens_per_s_per_gpu"), ",.0f"),
+            _fmt(None if r.get("mfu") is None else 100 * r["mfu"], ".1f") + ("%" if r.get("mfu") is not None else ""),
+            _fmt(r.get("peak_mem_gib"), ".2f"), division,
+        )
+    console.print(table)
+    failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]
+    for r in failed[:5]:
+        console.print(f"[red]{r['run_id']}[/red]: {r['status_reason']}")

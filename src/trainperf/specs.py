@@ -1,0 +1,399 @@
+"""Typed specs for a run: model, LoRA, parallel layout, training, data, eval and hardware.
+
+A spec is resolved in three layers, later ones winning:
+  1. the workload's defaults (``trainperf.workloads``),
+  2. an optional ``--config FILE`` (YAML or TOML, same ``section: {key: value}`` shape),
+  3. repeated ``--set section.key=value`` overrides.
+Every value is coerced to the field's declared type and the whole spec is validated before any
+process is launched; problems raise :class:`SpecError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SpecError(ValueError):
+    """Bad input: a one-line message saying what is wrong and what would be valid."""
+
+
+@dataclass
+class ModelSpec:
+    name: str = "llama"
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_layers: int = 32
+    num_heads: int = 32
+    num_kv_heads: int = 32
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    fused_qkv: bool = False  # one qkv_proj as in the MLPerf Llama-2-70B checkpoint
+    init_std: float = 0.02
+    path: str | None = None  # Hugging Face checkpoint dir (config.json + *.safetensors)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass
+class LoRASpec:
+    rank: int = 0  # 0 = no LoRA: every parameter trains
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
+class ParallelSpec:
+    dp_replicate: int = 1
+    dp_shard: int = -1  # -1: whatever the world size leaves over
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1F1B"
+
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass
+class TrainSpec:
+    micro_batch_size: int = 1
+    global_batch_size: int = 8
+    lr: float = 4e-4
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 0
+    decay_steps: int = 0  # 0: the cosine ends at max_steps
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    max_steps: int = 1000
+    recompute: str = "none"
+    seed: int = 1234
+    log_every: int = 10
+    compile: bool = False
+
+
+@dataclass
+class DataSpec:
+    path: str | None = None  # dir with train.safetensors / validation.safetensors
+    seq_len: int = 4096
+    train_samples: int = 0  # synthetic workloads: how many rows to generate
+    eval_samples: int = 0
+
+
+@dataclass
+class EvalSpec:
+    every_samples: int = 384  # rounded up to a multiple of the global batch size
+    skip_first: int = 0  # evals skipped at the start (MLPerf: floor(0.125*GBS + 2) for LoRA)
+    target: float = 0.925  # eval loss at or below this ends the run successfully
+    batch_size: int = 1
+
+
+@dataclass
+class HardwareSpec:
+    device: str = "auto"  # auto | cpu | cuda
+    gpu: str = "auto"  # name used to look up peak FLOP/s; auto = from the device
+    peak_tflops: float = 0.0  # 0: look up by gpu name
+    dtype: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
+
+
+@dataclass
+class MLPerfSpec:
+    benchmark: str = ""  # submission_benchmark
+    division: str = "open"
+    org: str = "trainperf"
+    platform: str = ""
+    comparable: bool = False  # whether the figures may be put beside published results
+
+
+@dataclass
+class RunSpec:
+    workload: str
+    model: ModelSpec = field(default_factory=ModelSpec)
+    lora: LoRASpec = field(default_factory=LoRASpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    hardware: HardwareSpec = field(default_factory=HardwareSpec)
+    mlperf: MLPerfSpec = field(default_factory=MLPerfSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        spec = cls(workload=d["workload"])
+        for section, values in d.items():
+            if section == "workload":
+                continue
+            apply_section(spec, section, values, source="spec")
+        return spec
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(RunSpec) if f.name != "workload")
+
+
+# ---------------------------------------------------------------------------------------------
+# Coercion: every value reaches the spec with its declared type, or a SpecError names the key.
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is list:
+        (item_tp,) = args
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise SpecError(f"{key}: expected a list (comma-separated), got {value!r}")
+        return [_coerce(v, item_tp, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise SpecError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise SpecError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise SpecError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise SpecError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise SpecError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise SpecError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    raise SpecError(f"{key}: unsupported type {tp}")
+
+
+def _section_types(section_obj: Any) -> dict[str, Any]:
+    return typing.get_type_hints(type(section_obj))
+
+
+def set_value(spec: RunSpec, dotted: str, value: Any) -> None:
+    """Set ``section.key`` on the spec, coercing the value; unknown names are SpecErrors."""
+    if "." not in dotted:
+        raise SpecError(f"override {dotted!r}: expected section.key=value with section in {', '.join(SECTIONS)}")
+    section, key = dotted.split(".", 1)
+    if section not in SECTIONS:
+        raise SpecError(f"unknown section {section!r} in {dotted!r}; valid sections: {', '.join(SECTIONS)}")
+    obj = getattr(spec, section)
+    types = _section_types(obj)
+    if key not in types:
+        raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(sorted(types))}")
+    setattr(obj, key, _coerce(value, types[key], dotted))
+
+
+def apply_section(spec: RunSpec, section: str, values: Any, source: str) -> None:
+    if not isinstance(values, dict):
+        raise SpecError(f"{source}: section {section!r} must be a mapping of key: value")
+    for key, value in values.items():
+        set_value(spec, f"{section}.{key}", value)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise SpecError(f"--set {text!r}: expected section.key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"config file {path!r} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise SpecError(f"config file {path!r}: expected a .yaml, .yml or .toml file")
+    except SpecError:
+        raise
+    except Exception as exc:  # parser errors come in many classes
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"config file {path!r} could not be parsed: {first}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"config file {path!r}: top level must be a mapping of sections")
+    return data
+
+
+def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -> RunSpec:
+    """Layer a config file and --set overrides over a workload's defaults."""
+    spec = RunSpec.from_dict(base.to_dict())  # deep copy
+    if config_file:
+        for section, values in load_config_file(config_file).items():
+            if section == "workload":
+                continue
+            if section not in SECTIONS:
+                raise SpecError(f"config file {config_file!r}: unknown section {section!r}; valid: {', '.join(SECTIONS)}")
+            apply_section(spec, section, values, source=f"config file {config_file!r}")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_value(spec, key, value)
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: everything checkable without a process group is checked here, before launch.
+
+SUPPORTED_NOW = ("dp_replicate", "dp_shard")
+
+
+def data_parallel_size(p: ParallelSpec) -> int:
+    return p.dp_replicate * p.dp_shard
+
+
+def resolve_layout(spec: RunSpec, world_size: int) -> None:
+    """Fill dp_shard=-1 from the world size and check the layout multiplies out."""
+    p = spec.parallel
+    for name in ("dp_replicate", "tp", "cp", "pp"):
+        if getattr(p, name) < 1:
+            raise SpecError(f"parallel.{name}={getattr(p, name)}: must be >= 1")
+    if p.tp > 1 or p.cp > 1 or p.pp > 1 or p.sp:
+        used = [f"{n}={getattr(p, n)}" for n in ("tp", "cp", "pp") if getattr(p, n) > 1] + (["sp=true"] if p.sp else [])
+        raise SpecError(
+            f"parallel layout {', '.join(used)} is not supported yet: this version runs data parallel only "
+            "(parallel.dp_replicate x parallel.dp_shard); set tp=1, cp=1, pp=1, sp=false"
+        )
+    others = p.tp * p.cp * p.pp * p.dp_replicate
+    if p.dp_shard == -1:
+        if world_size % others:
+            raise SpecError(
+                f"world size {world_size} is not divisible by dp_replicate*tp*cp*pp={others}; "
+                f"choose dp_replicate dividing {world_size}"
+            )
+        p.dp_shard = world_size // others
+    if p.dp_shard < 1:
+        raise SpecError(f"parallel.dp_shard={p.dp_shard}: must be >= 1 or -1 (fill the world size)")
+    product = others * p.dp_shard
+    if product != world_size:
+        raise SpecError(
+            f"layout dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} x tp={p.tp} x cp={p.cp} x pp={p.pp} "
+            f"= {product} processes, but the world size is {world_size}; make the product equal {world_size}"
+        )
+
+
+def grad_accum_steps(spec: RunSpec) -> int:
+    dp = data_parallel_size(spec.parallel)
+    return spec.train.global_batch_size // (dp * spec.train.micro_batch_size)
+
+
+def eval_interval_samples(spec: RunSpec) -> int:
+    """MLPerf: every N samples, rounded up to a whole number of global batches."""
+    gbs = spec.train.global_batch_size
+    return math.ceil(spec.eval.every_samples / gbs) * gbs
+
+
+def validate(spec: RunSpec, world_size: int) -> None:
+    """Raise SpecError on the first problem; call before any process is launched."""
+    resolve_layout(spec, world_size)
+    m, t, lo, d, e = spec.model, spec.train, spec.lora, spec.data, spec.eval
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        if getattr(m, name) < 1:
+            raise SpecError(f"model.{name}={getattr(m, name)}: must be >= 1")
+    if m.hidden_size % m.num_heads:
+        raise SpecError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.num_heads % m.num_kv_heads:
+        raise SpecError(
+            f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
+        )
+    if m.head_dim % 2:
+        raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
+    if t.micro_batch_size < 1 or t.global_batch_size < 1:
+        raise SpecError("train.micro_batch_size and train.global_batch_size must be >= 1")
+    dp = data_parallel_size(spec.parallel)
+    if t.global_batch_size % (dp * t.micro_batch_size):
+        raise SpecError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by data-parallel size {dp} x "
+            f"micro_batch_size {t.micro_batch_size} = {dp * t.micro_batch_size}; use a multiple of {dp * t.micro_batch_size}"
+        )
+    if t.recompute not in RECOMPUTE_MODES:
+        raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
+    if t.lr <= 0:
+        raise SpecError(f"train.lr={t.lr}: must be > 0")
+    if t.max_steps < 1:
+        raise SpecError(f"train.max_steps={t.max_steps}: must be >= 1")
+    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
+        raise SpecError(f"train.warmup_steps={t.warmup_steps}: must be between 0 and train.max_steps={t.max_steps}")
+    if t.grad_clip < 0:
+        raise SpecError(f"train.grad_clip={t.grad_clip}: must be >= 0 (0 disables clipping)")
+    if lo.rank < 0:
+        raise SpecError(f"lora.rank={lo.rank}: must be >= 0 (0 disables LoRA)")
+    if lo.enabled:
+        if not 0.0 <= lo.dropout < 1.0:
+            raise SpecError(f"lora.dropout={lo.dropout}: must be in [0, 1)")
+        valid = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if m.fused_qkv else (
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        bad = [x for x in lo.target_modules if x not in valid]
+        if bad or not lo.target_modules:
+            raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
+    if d.seq_len < 2:
+        raise SpecError(f"data.seq_len={d.seq_len}: must be >= 2")
+    if d.seq_len > m.max_position_embeddings:
+        raise SpecError(
+            f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"
+        )
+    if e.every_samples < 1 or e.skip_first < 0:
+        raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0")
+    if spec.hardware.device not in ("auto", "cpu", "cuda"):
+        raise SpecError(f"hardware.device={spec.hardware.device!r}: valid values are auto, cpu, cuda")
+    if spec.hardware.dtype not in ("auto", "fp32", "bf16"):
+        raise SpecError(f"hardware.dtype={spec.hardware.dtype!r}: valid values are auto, fp32, bf16")
+    if spec.mlperf.division not in ("open", "closed"):
+        raise SpecError(f"mlperf.division={spec.mlperf.division!r}: valid values are open, closed")

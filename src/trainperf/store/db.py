@@ -1,0 +1,225 @@
+"""The results store: one SQLite file, versioned schema, one transaction per write.
+
+WAL journaling and a busy timeout make concurrent writers (several runs, a sweep, a report) safe;
+every write is a single ``BEGIN IMMEDIATE`` transaction, so a reader never sees half a run.
+A run row is created as ``running`` and finished in one update; a row left ``running`` by a process
+that no longer exists is marked ``failed`` the next time the store is opened on that host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+
+MIGRATIONS = {
+    1: """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        workload TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('running', 'success', 'failed', 'hung')),
+        status_reason TEXT,
+        division TEXT,
+        comparable INTEGER NOT NULL DEFAULT 0,
+        spec_json TEXT NOT NULL,
+        layout TEXT NOT NULL,
+        world_size INTEGER NOT NULL,
+        hardware_json TEXT,
+        software_json TEXT,
+        git_sha TEXT,
+        host TEXT,
+        pid INTEGER,
+        target REAL,
+        time_to_train_s REAL,
+        samples_to_target INTEGER,
+        final_eval_loss REAL,
+        steps INTEGER,
+        step_time_s REAL,
+        tokens_per_s REAL,
+        tokens_per_s_per_gpu REAL,
+        model_tflops_per_gpu REAL,
+        mfu REAL,
+        peak_mem_gib REAL,
+        out_dir TEXT,
+        mllog_path TEXT,
+        summary_path TEXT
+    );
+    CREATE INDEX runs_by_workload ON runs (workload, created_at);
+    CREATE TABLE evals (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        samples_count INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        eval_loss REAL NOT NULL,
+        elapsed_s REAL NOT NULL,
+        PRIMARY KEY (run_id, samples_count)
+    );
+    CREATE TABLE steps (
+        run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+        step INTEGER NOT NULL,
+        samples INTEGER NOT NULL,
+        loss REAL,
+        lr REAL,
+        grad_norm REAL,
+        step_time_s REAL,
+        tokens_per_s REAL,
+        PRIMARY KEY (run_id, step)
+    );
+    """,
+}
+
+RUN_RESULT_FIELDS = (
+    "status", "status_reason", "finished_at", "time_to_train_s", "samples_to_target", "final_eval_loss",
+    "steps", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+    "peak_mem_gib", "mllog_path", "summary_path",
+)
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA busy_timeout = 30000")
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc})") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self.transaction() as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"results store {str(self.path)!r} has schema v{version}, newer than this trainperf (v{SCHEMA_VERSION})")
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                # statement by statement: executescript() would COMMIT mid-transaction
+                for stmt in MIGRATIONS[v].split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute(f"PRAGMA user_version = {v}")
+
+    @property
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def create_run(self, run_id: str, workload: str, spec: dict, layout: str, world_size: int,
+                   division: str, comparable: bool, target: float, out_dir: str,
+                   hardware: dict | None = None, software: dict | None = None, git_sha: str | None = None,
+                   pid: int | None = None) -> None:
+        with self.transaction() as c:
+            c.execute(
+                """INSERT INTO runs (run_id, created_at, workload, status, division, comparable, spec_json, layout,
+                   world_size, hardware_json, software_json, git_sha, host, pid, target, out_dir)
+                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (run_id, time.time(), workload, division, int(comparable), json.dumps(spec, sort_keys=True), layout,
+                 world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
+                 pid if pid is not None else os.getpid(), target, out_dir),
+            )
+
+    def update_run_info(self, run_id: str, **fields: Any) -> None:
+        allowed = {"hardware_json", "software_json", "pid"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update {sorted(bad)}")
+        with self.transaction() as c:
+            for k, v in fields.items():
+                c.execute(f"UPDATE runs SET {k} = ? WHERE run_id = ?", (v, run_id))
+
+    def finish_run(self, run_id: str, eval_rows: list[dict] | None = None, step_rows: list[dict] | None = None,
+                   **result: Any) -> None:
+        """Write the run's outcome, its evals and sampled steps in one transaction."""
+        bad = set(result) - set(RUN_RESULT_FIELDS)
+        if bad:
+            raise StoreError(f"unknown run result fields {sorted(bad)}")
+        result.setdefault("finished_at", time.time())
+        cols = ", ".join(f"{k} = ?" for k in result)
+        with self.transaction() as c:
+            cur = c.execute(f"UPDATE runs SET {cols} WHERE run_id = ?", (*result.values(), run_id))
+            if cur.rowcount != 1:
+                raise StoreError(f"run {run_id!r} is not in the store")
+            for e in eval_rows or []:
+                c.execute("INSERT OR REPLACE INTO evals VALUES (?, ?, ?, ?, ?)",
+                          (run_id, e["samples_count"], e["step"], e["eval_loss"], e["elapsed_s"]))
+            for s in step_rows or []:
+                c.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (run_id, s["step"], s["samples"], s.get("loss"), s.get("lr"), s.get("grad_norm"),
+                           s.get("step_time_s"), s.get("tokens_per_s")))
+
+    def mark_failed_if_running(self, run_id: str, reason: str) -> bool:
+        with self.transaction() as c:
+            cur = c.execute(
+                "UPDATE runs SET status = 'failed', status_reason = ?, finished_at = ? WHERE run_id = ? AND status = 'running'",
+                (reason, time.time(), run_id))
+            return cur.rowcount == 1
+
+    def reap_dead_runs(self) -> list[str]:
+        """Rows left 'running' by a process of this host that is gone become 'failed'."""
+        host = socket.gethostname()
+        rows = self.conn.execute("SELECT run_id, pid FROM runs WHERE status = 'running' AND host = ?", (host,)).fetchall()
+        dead = [r["run_id"] for r in rows if r["pid"] is not None and not _pid_alive(r["pid"])]
+        for run_id in dead:
+            self.mark_failed_if_running(run_id, "the process running it died before it finished")
+        return dead
+
+    def get_run(self, run_id: str) -> dict | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return dict(row) if row else None
+
+    def list_runs(self, workload: str | None = None, limit: int = 50) -> list[dict]:
+        q, args = "SELECT * FROM runs", []
+        if workload:
+            q += " WHERE workload = ?"
+            args.append(workload)
+        q += " ORDER BY created_at DESC LIMIT ?"
+        args.append(limit)
+        return [dict(r) for r in self.conn.execute(q, args).fetchall()]
+
+    def evals(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM evals WHERE run_id = ? ORDER BY samples_count", (run_id,)).fetchall()]
+
+    def steps(self, run_id: str) -> list[dict]:
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM steps WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()]

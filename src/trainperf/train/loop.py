@@ -1,0 +1,453 @@
+"""The training loop of one rank: build, (untimed) load, train to the quality target on the MLPerf
+clock, evaluate, stop collectively, log, store.
+
+Timeline (MLPerf): cache_clear, init_start, hyperparameters, [model build + checkpoint load],
+init_stop, run_start -- the clock starts here, before any data is read -- then blocks of training
+separated by evals; run_stop at the first eval whose all-reduced loss meets the target (success), or
+when train.max_steps is reached first (aborted: a failed run, never a time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import signal
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainperf.data.sampler import GlobalBatchSampler, eval_shards
+from trainperf.data.tokens import load_split
+from trainperf.model import checkpoint as ckpt
+from trainperf.model.llama import build_on_meta, init_full_tensor
+from trainperf.model.lora import apply_lora
+from trainperf.parallel.parallelize import build_mesh, layout_string, parallelize
+from trainperf.specs import RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, grad_accum_steps
+from trainperf.train import metrics
+from trainperf.train.loss import per_sequence_loss, train_loss_sum
+from trainperf.train.mlperf_log import KEYS, RunLog
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    out_dir: Path
+    db_path: str | None
+    progress: bool = False
+    create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
+    evals: list[dict] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+
+
+class RunInterrupted(RuntimeError):
+    pass
+
+
+def lr_at(step: int, t: TrainSpec) -> float:
+    """Learning rate for optimizer update number ``step`` (0-based): linear warmup to t.lr, then a
+    cosine from t.lr down to t.lr * min_lr_ratio over decay_steps (default: the rest of max_steps)."""
+    if t.warmup_steps and step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    decay = t.decay_steps or max(t.max_steps - t.warmup_steps, 1)
+    progress = min((step - t.warmup_steps) / decay, 1.0)
+    floor = t.lr * t.min_lr_ratio
+    return floor + (t.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (across every shard) to max_norm; returns the norm before clipping."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm
+
+
+def init_distributed(device_type: str) -> tuple[int, int, int]:
+    """Join the process group torchrun (or srun, or nobody) set up; a lone process gets a 1-rank group."""
+    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+    lone = "RANK" not in os.environ  # nobody launched us: a 1-rank group, without touching the environment
+    if lone:
+        rank, world, local = 0, 1, 0
+    else:
+        rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if not dist.is_initialized():
+        kwargs = {}
+        if lone:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            kwargs = dict(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        if device_type == "cuda":
+            torch.cuda.set_device(local)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local), **kwargs)
+        else:
+            dist.init_process_group("gloo", **kwargs)
+    return rank, world, local
+
+
+def pick_device(spec: RunSpec) -> str:
+    if spec.hardware.device == "cpu":
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def software_versions() -> dict:
+    import mlperf_logging
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "mlperf_logging": getattr(mlperf_logging, "__version__", "unknown"),
+            "trainperf": _trainperf_version()}
+
+
+def _trainperf_version() -> str:
+    from trainperf import __version__
+
+    return __version__
+
+
+def hardware_info(device_type: str, world: int) -> dict:
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+        return {"device": "cuda", "gpu": name, "gpus": world,
+                "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}
+    return {"device": "cpu", "gpu": None, "processes": world, "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count()}
+
+
+def build_model(spec: RunSpec, mesh, device: torch.device, param_dtype):
+    """Meta-device build -> LoRA -> recompute/compile/FSDP -> materialise -> init or load (untimed)."""
+    model = build_on_meta(spec.model)
+    if spec.lora.enabled:
+        apply_lora(model, spec.lora)
+    parallelize(model, spec.parallel, mesh, spec.train.recompute, spec.train.compile, param_dtype)
+    model.to_empty(device=device)
+    load_s, nbytes = 0.0, 0
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():  # deterministic init by (seed, name): identical for every layout
+        for name, p in model.named_parameters():
+            full = init_full_tensor(name, p.shape, spec.model, spec.train.seed, device)
+            if isinstance(p, DTensor):
+                p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
+            else:
+                p.copy_(full)
+    if spec.model.path:
+        t0 = time.perf_counter()
+        nbytes = ckpt.load_checkpoint_into(model, ckpt.inspect_checkpoint(spec.model.path))
+        load_s = time.perf_counter() - t0
+    # apply_lora froze the base before FSDP wrapped it; make sure nothing re-enabled a frozen parameter
+    if spec.lora.enabled:
+        for name, p in model.named_parameters():
+            p.requires_grad_(".lora_A." in name or ".lora_B." in name)
+    return model, load_s, nbytes
+
+
+def _peak_mem_gib(device_type: str) -> float:
+    if device_type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB; the process's peak RSS
+    return kib / 2**20
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self.task = self.bar.add_task(desc, total=total, info="")
+            self.bar.start()
+
+    def update(self, step: int, info: str) -> None:
+        if self.bar:
+            self.bar.update(self.task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def train(spec: RunSpec, ctx: RunContext) -> dict:
+    """Run one training job on this rank. Returns the run summary (identical on every rank)."""
+    device_type = pick_device(spec)
+    rank, world, local = init_distributed(device_type)
+    device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
+    is_main = rank == 0
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(spec.train.seed + rank)  # dropout streams; parameters are seeded by name
+
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    log = RunLog(ctx.out_dir / "mllog.txt" if is_main else None, ctx.run_id)
+    store = None
+    if is_main and ctx.db_path:
+        from trainperf.store.db import Store
+
+        store = Store(ctx.db_path)
+    p, t, e = spec.parallel, spec.train, spec.eval
+    hw = hardware_info(device_type, world)
+    if store and ctx.create_row:
+        store.create_run(ctx.run_id, spec.workload, spec.to_dict(), layout_string(p), world, spec.mlperf.division,
+                         spec.mlperf.comparable, e.target, str(ctx.out_dir))
+    if store:
+        store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()))
+
+    def on_signal(signum, frame):
+        raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+
+    summary: dict = {}
+    progress = _Progress(ctx.progress and is_main, t.max_steps, spec.workload)
+    try:
+        summary = _train_body(spec, ctx, log, progress, device, device_type, rank, world, hw)
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if store:
+            store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status="failed", status_reason=reason)
+        raise
+    finally:
+        progress.close()
+        log.close()
+    if store:
+        store.finish_run(
+            ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
+            **{k: summary[k] for k in ("status", "status_reason", "time_to_train_s", "samples_to_target",
+                                      "final_eval_loss", "steps", "step_time_s", "tokens_per_s",
+                                      "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "peak_mem_gib")},
+            mllog_path=summary["mllog"], summary_path=str(ctx.out_dir / "summary.json"))
+        store.close()
+    if is_main:
+        (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress, device, device_type: str,
+                rank: int, world: int, hw: dict) -> dict:
+    p, t, e, d = spec.parallel, spec.train, spec.eval, spec.data
+    dp = data_parallel_size(p)
+    accum = grad_accum_steps(spec)
+    interval = eval_interval_samples(spec)
+
+    log.event(KEYS.CACHE_CLEAR, True)
+    log.start(KEYS.INIT_START)
+    log.event(KEYS.SUBMISSION_BENCHMARK, spec.mlperf.benchmark)
+    log.event(KEYS.SUBMISSION_DIVISION, spec.mlperf.division)
+    log.event(KEYS.SUBMISSION_ORG, spec.mlperf.org)
+    log.event(KEYS.SUBMISSION_PLATFORM, spec.mlperf.platform or f"{world}x{hw.get('gpu') or 'cpu'}")
+    log.event(KEYS.SUBMISSION_STATUS, "onprem")
+    log.event(KEYS.SEED, t.seed)
+    log.event(KEYS.GLOBAL_BATCH_SIZE, t.global_batch_size)
+    log.event(KEYS.GRADIENT_ACCUMULATION_STEPS, accum)
+    log.event("micro_batch_size", t.micro_batch_size)
+    log.event(KEYS.OPT_BASE_LR, t.lr)
+    log.event("opt_learning_rate_warmup_steps", t.warmup_steps)
+    log.event(KEYS.OPT_LR_TRAINING_STEPS, t.max_steps)
+    log.event(KEYS.OPT_ADAMW_BETA_1, t.beta1)
+    log.event(KEYS.OPT_ADAMW_BETA_2, t.beta2)
+    log.event(KEYS.OPT_ADAMW_EPSILON, t.eps)
+    log.event(KEYS.OPT_ADAMW_WEIGHT_DECAY, t.weight_decay)
+    log.event(KEYS.OPT_GRADIENT_CLIP_NORM, t.grad_clip)
+    log.event("sequence_length", d.seq_len)
+    if spec.lora.enabled:
+        log.event("lora_rank", spec.lora.rank)
+        log.event(KEYS.LORA_ALPHA, spec.lora.alpha)
+
+    mesh = build_mesh(p, device_type)
+    param_dtype = torch.bfloat16 if (device_type == "cuda" and spec.hardware.dtype != "fp32") or spec.hardware.dtype == "bf16" else None
+    model, load_s, load_bytes = build_model(spec, mesh, device, param_dtype)
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
+                            weight_decay=t.weight_decay, foreach=True)
+    dp_rank = mesh.get_local_rank("dp_replicate") * p.dp_shard + mesh.get_local_rank("dp_shard")
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    log.end(KEYS.INIT_STOP)
+
+    # ---------------- the MLPerf clock starts: nothing before this line touched the dataset --------
+    dist.barrier()
+    log.start(KEYS.RUN_START)
+    run_start = time.perf_counter()
+    train_split = load_split(d.path, "train", spec.model.vocab_size)
+    val_split = load_split(d.path, "validation", spec.model.vocab_size)
+    log.event(KEYS.TRAIN_SAMPLES, len(train_split))
+    log.event(KEYS.EVAL_SAMPLES, len(val_split))
+    sampler = GlobalBatchSampler(len(train_split), t.global_batch_size, t.seed)
+    val_batches = eval_shards(len(val_split), dp_rank, dp, e.batch_size)
+    log.start(KEYS.BLOCK_START, samples_count=0, epoch_num=0.0)
+
+    tokens_per_step = t.global_batch_size * d.seq_len
+    flops_per_token = metrics.train_flops_per_token(spec.model, spec.lora, d.seq_len)
+    peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
+        metrics.peak_flops_for(hw["gpu"]) if hw.get("gpu") else None)
+    step_times: list[float] = []
+    status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
+    evals_done = 0
+    model.train()
+    step = 0
+    for step in range(1, t.max_steps + 1):
+        t_step = time.perf_counter()
+        rows = sampler.global_batch(step - 1)
+        global_tokens = float(train_split.loss_mask[rows][:, 1:].sum())
+        micro = sampler.local_micro_batches(step - 1, dp_rank, dp, t.micro_batch_size)
+        loss_local = torch.zeros((), device=device)
+        for i, mb in enumerate(micro):
+            ids = train_split.input_ids[mb].to(device, non_blocking=True)
+            mask = train_split.loss_mask[mb].to(device, non_blocking=True)
+            if hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(i == len(micro) - 1)
+            loss_sum = train_loss_sum(model(ids), ids, mask) / global_tokens
+            # FSDP averages gradients over the dp ranks; scale so the result is the global token mean
+            (loss_sum * dp).backward()
+            loss_local += loss_sum.detach()
+        grad_norm = clip_gradients(trainable, t.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, t)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - t_step)
+        samples = step * t.global_batch_size
+
+        if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
+            dist.all_reduce(loss_local)
+            loss_val, lr_used = float(loss_local), lr_at(step - 1, t)
+            ctx.steps.append({"step": step, "samples": samples, "loss": loss_val, "lr": lr_used,
+                              "grad_norm": float(grad_norm), "step_time_s": step_times[-1],
+                              "tokens_per_s": tokens_per_step / step_times[-1]})
+            log.event("train_loss", loss_val, samples_count=samples, lr=lr_used)
+            progress.update(step, f"loss {loss_val:.3f}")
+
+        if samples % interval == 0:
+            index = samples // interval
+            if index > e.skip_first:
+                epoch_num = samples / len(train_split)
+                log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
+                log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
+                eval_loss = evaluate(model, val_split, val_batches, device)
+                evals_done += 1
+                log.event(KEYS.EVAL_ACCURACY, eval_loss, samples_count=samples, epoch_num=epoch_num)
+                log.end(KEYS.EVAL_STOP, samples_count=samples, epoch_num=epoch_num)
+                final_eval = eval_loss
+                ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
+                                  "elapsed_s": time.perf_counter() - run_start})
+                progress.update(step, f"eval {eval_loss:.4f} (target {e.target:.4f})")
+                # every rank holds the same all-reduced value, so every rank takes the same decision
+                if eval_loss <= e.target:
+                    status, samples_to_target = "success", samples
+                    stop_time = time.perf_counter()
+                    log.end(KEYS.RUN_STOP, eval_loss, samples_count=samples, status="success")
+                    break
+                log.start(KEYS.BLOCK_START, samples_count=samples, epoch_num=epoch_num)
+    if status != "success":
+        stop_time = time.perf_counter()
+        reason = (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
+                  f"({evals_done} evals, last {final_eval if final_eval is None else round(final_eval, 4)})")
+        log.end(KEYS.BLOCK_STOP, samples_count=step * t.global_batch_size, epoch_num=step * t.global_batch_size / len(train_split))
+        log.end(KEYS.RUN_STOP, final_eval, samples_count=step * t.global_batch_size, status="aborted")
+
+    peak_mem = torch.tensor([_peak_mem_gib(device_type)], dtype=torch.float64, device=device)
+    dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+    adapter_dir = None
+    if spec.lora.enabled:
+        adapters = ckpt.gather_full_state(model, only_adapters=True)
+        if rank == 0:
+            adapter_dir = str(ctx.out_dir / "adapter")
+            ckpt.save_peft_adapter(adapters, spec.lora, adapter_dir, spec.model.path)
+
+    steady = step_times[1:] if len(step_times) > 1 else step_times
+    step_time = statistics.median(steady)
+    tps = tokens_per_step / step_time
+    tps_gpu = tps / world
+    return {
+        "run_id": ctx.run_id,
+        "workload": spec.workload,
+        "status": status,
+        "status_reason": reason or None,
+        "time_to_train_s": (stop_time - run_start) if status == "success" else None,
+        "samples_to_target": samples_to_target,
+        "final_eval_loss": final_eval,
+        "target": e.target,
+        "evals": ctx.evals,
+        "steps": step,
+        "step_time_s": step_time,
+        "tokens_per_s": tps,
+        "tokens_per_s_per_gpu": tps_gpu,
+        "model_flops_per_token": flops_per_token,
+        "model_tflops_per_gpu": flops_per_token * tps_gpu / 1e12,
+        "mfu": metrics.mfu(flops_per_token, tps_gpu, peak),
+        "peak_flops": peak,
+        "peak_mem_gib": float(peak_mem.item()),
+        "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
+        "checkpoint_load_s": load_s,
+        "checkpoint_load_gib": load_bytes / 2**30,
+        "layout": layout_string(p),
+        "world_size": world,
+        "hardware": hw,
+        "division": spec.mlperf.division,
+        "comparable": spec.mlperf.comparable,
+        "mllog": str(ctx.out_dir / "mllog.txt"),
+        "adapter": adapter_dir,
+        "out_dir": str(ctx.out_dir),
+        "seed": t.seed,
+    }
+
+
+@torch.no_grad()
+def evaluate(model, split, batches, device) -> float:
+    """MLPerf eval loss: mean over all validation sequences of each sequence's mean target loss,
+    summed across ranks with one all-reduce (so every rank gets the same number)."""
+    was_training = model.training
+    model.eval()
+    acc = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of per-seq means, sequences]
+    for idx, weight in batches:
+        ids = split.input_ids[idx].to(device)
+        mask = split.loss_mask[idx].to(device)
+        per_seq, has = per_sequence_loss(model(ids), ids, mask)
+        w = weight.to(device) * has.to(torch.float64)
+        acc[0] += (per_seq.double() * w).sum()
+        acc[1] += w.sum()
+    dist.all_reduce(acc)
+    if was_training:
+        model.train()
+    return float(acc[0] / acc[1])
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of each process torchrun starts: ``python -m trainperf.train.loop RUN_DIR``."""
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    launch = json.loads((run_dir / "launch.json").read_text())
+    spec = RunSpec.from_dict(launch["spec"])
+    ctx = RunContext(run_id=launch["run_id"], out_dir=run_dir, db_path=launch["db_path"],
+                     progress=launch.get("progress", False))
+    try:
+        train(spec, ctx)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

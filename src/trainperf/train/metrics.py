@@ -1,0 +1,82 @@
+"""Model FLOPs, MFU and peak FLOP/s: the honest numbers.
+
+Model FLOPs count what the model needs, never recomputation:
+  * every Linear of N weights costs 2·N FLOPs per token forward, 2·N for the input gradient and 2·N
+    for the weight gradient. Full training: 6·N_linear. LoRA with a frozen base: the base has no
+    weight-gradient GEMM, so 4·N_base, plus 6·N_adapters for the adapters (A and B).
+  * the LM head is a Linear and counts; the embedding is a lookup and does not.
+  * causal attention, forward: QK^T and PV each cost 2·S·d per token over the full square; the causal
+    mask halves it on average, so 2·S·d per token per layer (d = heads·head_dim). Backward is 2× the
+    forward (dQ, dK and dV, dP), so training costs 3× the forward -- with or without LoRA, since
+    input gradients must flow through attention either way.
+MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100/H200 SXM: 989 TFLOP/s; the
+1,979 figure assumes 2:4 sparsity).
+"""
+
+from __future__ import annotations
+
+from trainperf.specs import LoRASpec, ModelSpec
+
+# Dense bf16 peak per GPU, FLOP/s (vendor datasheets, no sparsity).
+PEAK_BF16_FLOPS = {
+    "h200": 989e12,
+    "h100": 989e12,  # SXM; the PCIe part is 756e12, NVL 835e12
+    "h100 pcie": 756e12,
+    "h100 nvl": 835e12,
+    "a100": 312e12,
+    "b200": 2250e12,
+    "gb200": 2500e12,
+}
+
+
+def peak_flops_for(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s from a device name such as 'NVIDIA H200' (None when unknown)."""
+    n = device_name.lower()
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if all(part in n for part in key.split()):
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def linear_params(m: ModelSpec) -> dict[str, int]:
+    h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
+    per_layer = {
+        "q_proj": h * q_out, "k_proj": h * kv_out, "v_proj": h * kv_out, "o_proj": q_out * h,
+        "gate_proj": h * ff, "up_proj": h * ff, "down_proj": ff * h,
+    }
+    out = {k: v * m.num_layers for k, v in per_layer.items()}
+    out["lm_head"] = h * m.vocab_size
+    return out
+
+
+def lora_params(m: ModelSpec, lora: LoRASpec) -> int:
+    if not lora.enabled:
+        return 0
+    h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
+    shapes = {  # (in, out) of each target
+        "q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
+        "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h),
+    }
+    return m.num_layers * sum(lora.rank * (shapes[t][0] + shapes[t][1]) for t in lora.target_modules)
+
+
+def total_params(m: ModelSpec) -> int:
+    return sum(linear_params(m).values()) + m.vocab_size * m.hidden_size + (2 * m.num_layers + 1) * m.hidden_size
+
+
+def attention_fwd_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    return 2.0 * seq_len * m.num_heads * m.head_dim * m.num_layers
+
+
+def train_flops_per_token(m: ModelSpec, lora: LoRASpec, seq_len: int) -> float:
+    n_linear = sum(linear_params(m).values())
+    attn = 3.0 * attention_fwd_flops_per_token(m, seq_len)
+    if lora.enabled:
+        return 4.0 * n_linear + 6.0 * lora_params(m, lora) + attn
+    return 6.0 * n_linear + attn
+
+
+def mfu(flops_per_token: float, tokens_per_s_per_gpu: float, peak_flops: float | None) -> float | None:
+    if not peak_flops:
+        return None
+    return flops_per_token * tokens_per_s_per_gpu / peak_flops

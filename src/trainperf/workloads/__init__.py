@@ -1,0 +1,37 @@
+"""The workload registry: name -> defaults, one-line description, and an untimed ``prepare`` step that
+produces or checks whatever the run reads (cached base checkpoints, synthetic datasets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from trainperf.specs import RunSpec, SpecError
+from trainperf.workloads import mini
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    defaults: Callable[[], RunSpec]
+    prepare: Callable[[RunSpec], dict]
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("mini-pretrain",
+                 "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
+                 mini.mini_pretrain_defaults, mini.prepare_mini_pretrain),
+        Workload("mini-lora",
+                 "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
+                 mini.mini_lora_defaults, mini.prepare_mini_lora),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise SpecError(f"unknown workload {name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}")
+    return WORKLOADS[name]

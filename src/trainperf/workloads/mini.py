@@ -1,0 +1,206 @@
+"""Synthetic workloads with a known optimum: ``mini-pretrain`` and ``mini-lora``.
+
+Text comes from a fixed random first-order Markov chain over a 64-token vocabulary (each token has 3
+possible successors). The best possible eval loss is the chain's own loss on the eval rows, computed
+exactly; the target is that optimum plus a stated margin.
+
+* mini-pretrain: a randomly initialised decoder learns source A.
+* mini-lora: the base checkpoint is that decoder pretrained on source A (produced once, untimed,
+  cached); fine-tuning data come from source B = A with 8 of the 64 tokens' successor distributions
+  redrawn, laid out as 32 prompt tokens + 32 answer tokens with the loss on the answer only. The
+  base model misses the target on B by a wide margin; LoRA adapters on q/k/v/o reach it.
+
+Everything generated is cached under $TRAINPERF_CACHE (default ~/.cache/trainperf), keyed by the
+generator's parameters, written atomically under a file lock, so concurrent runs share one copy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from trainperf.data.markov import MarkovSource, prompt_answer_mask
+from trainperf.data.tokens import TokenSplit, save_split
+from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec,
+                             TrainSpec)
+
+VOCAB, BRANCHING, SOURCE_SEED = 64, 3, 1
+SEQ = 64
+PRETRAIN_MARGIN = 0.10  # nats above the known optimum
+LORA_MARGIN = 0.10
+LORA_REDRAWN_ROWS = list(range(0, VOCAB, 8))  # 8 tokens whose successors change in source B
+CACHE_VERSION = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TRAINPERF_CACHE", Path.home() / ".cache" / "trainperf"))
+
+
+@contextmanager
+def _locked(name: str):
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield root
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _key(**params) -> str:
+    params = {"v": CACHE_VERSION, "vocab": VOCAB, "branching": BRANCHING, "source_seed": SOURCE_SEED, **params}
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def mini_model() -> ModelSpec:
+    return ModelSpec(name="mini-llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_layers=2,
+                     num_heads=4, num_kv_heads=2, max_position_embeddings=256, init_std=0.02)
+
+
+def source_a() -> MarkovSource:
+    return MarkovSource(VOCAB, BRANCHING, seed=SOURCE_SEED)
+
+
+def source_b() -> MarkovSource:
+    return source_a().with_rows_redrawn(LORA_REDRAWN_ROWS, seed=5, branching=BRANCHING)
+
+
+def _write_dataset(dest: Path, train: TokenSplit, val: TokenSplit, info: dict) -> None:
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_split(train, tmp / "train.safetensors")
+    save_split(val, tmp / "validation.safetensors")
+    (tmp / "source.json").write_text(json.dumps(info, indent=2))
+    os.replace(tmp, dest)
+
+
+def pretrain_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
+    key = _key(kind="pretrain", train=train_rows, eval=eval_rows, seq=SEQ)
+    with _locked("data") as root:
+        dest = root / f"mini-pretrain-data-{key}"
+        if not (dest / "source.json").is_file():
+            src = source_a()
+            train = TokenSplit(src.sample(train_rows, SEQ, seed=2), torch.ones(train_rows, SEQ, dtype=torch.bool))
+            val = TokenSplit(src.sample(eval_rows, SEQ, seed=3), torch.ones(eval_rows, SEQ, dtype=torch.bool))
+            _write_dataset(dest, train, val, {"source": "markov A", "vocab": VOCAB, "branching": BRANCHING,
+                                              "entropy_rate": src.entropy_rate(),
+                                              "optimal_eval_loss": src.optimal_loss(val)})
+        return dest, json.loads((dest / "source.json").read_text())
+
+
+def lora_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
+    key = _key(kind="lora", train=train_rows, eval=eval_rows, seq=SEQ, rows=LORA_REDRAWN_ROWS)
+    with _locked("data") as root:
+        dest = root / f"mini-lora-data-{key}"
+        if not (dest / "source.json").is_file():
+            src = source_b()
+            half = SEQ // 2
+            train = TokenSplit(src.sample(train_rows, SEQ, seed=7), prompt_answer_mask(train_rows, SEQ, half))
+            val = TokenSplit(src.sample(eval_rows, SEQ, seed=8), prompt_answer_mask(eval_rows, SEQ, half))
+            _write_dataset(dest, train, val, {"source": "markov B (A with rows redrawn)", "vocab": VOCAB,
+                                              "redrawn_rows": LORA_REDRAWN_ROWS, "entropy_rate": src.entropy_rate(),
+                                              "optimal_eval_loss": src.optimal_loss(val)})
+        return dest, json.loads((dest / "source.json").read_text())
+
+
+BASE_STEPS, BASE_BATCH, BASE_LR = 400, 16, 3e-3
+
+
+def base_checkpoint() -> tuple[Path, dict]:
+    """The mini-lora base: the mini decoder pretrained on source A. Produced once, cached."""
+    from trainperf.model.checkpoint import save_hf_checkpoint
+    from trainperf.model.llama import LlamaForCausalLM, init_full_tensor
+    from trainperf.train.loss import train_loss_sum
+
+    cfg = mini_model()
+    key = _key(kind="base", steps=BASE_STEPS, batch=BASE_BATCH, lr=BASE_LR, cfg=cfg.__dict__)
+    data_dir, _ = pretrain_dataset(4096, 64)
+    with _locked("base") as root:
+        dest = root / f"mini-lora-base-{key}"
+        if not (dest / "config.json").is_file():
+            from trainperf.data.tokens import load_split
+
+            t0 = time.perf_counter()
+            torch.manual_seed(0)
+            train = load_split(str(data_dir), "train", VOCAB)
+            model = LlamaForCausalLM(cfg)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(init_full_tensor(name, p.shape, cfg, 0, "cpu"))
+            opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR, weight_decay=0.0)
+            g = torch.Generator().manual_seed(0)
+            for _ in range(BASE_STEPS):
+                idx = torch.randint(0, len(train), (BASE_BATCH,), generator=g)
+                ids, mask = train.input_ids[idx], train.loss_mask[idx]
+                loss = train_loss_sum(model(ids), ids, mask) / mask[:, 1:].sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            save_hf_checkpoint({k: v.detach() for k, v in model.state_dict().items()}, cfg, str(dest))
+            (dest / "trainperf_base.json").write_text(json.dumps(
+                {"source": "markov A", "steps": BASE_STEPS, "final_train_loss": loss.item(),
+                 "seconds": time.perf_counter() - t0}, indent=2))
+        return dest, json.loads((dest / "trainperf_base.json").read_text())
+
+
+def mini_pretrain_defaults() -> RunSpec:
+    return RunSpec(
+        workload="mini-pretrain",
+        model=mini_model(),
+        lora=LoRASpec(rank=0),
+        parallel=ParallelSpec(),
+        train=TrainSpec(micro_batch_size=8, global_batch_size=16, lr=3e-3, min_lr_ratio=0.1, warmup_steps=10,
+                        weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0, max_steps=400,
+                        log_every=10, seed=-1),
+        data=DataSpec(seq_len=SEQ, train_samples=4096, eval_samples=64),
+        eval=EvalSpec(every_samples=256, skip_first=1, target=-1.0, batch_size=32),
+        mlperf=MLPerfSpec(benchmark="llama31_8b", division="open", comparable=False),
+    )
+
+
+def mini_lora_defaults() -> RunSpec:
+    return RunSpec(
+        workload="mini-lora",
+        model=mini_model(),
+        lora=LoRASpec(rank=8, alpha=16.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        parallel=ParallelSpec(),
+        train=TrainSpec(micro_batch_size=8, global_batch_size=16, lr=1e-2, min_lr_ratio=0.0, warmup_steps=0,
+                        weight_decay=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip=0.3, max_steps=400,
+                        log_every=10, seed=-1),
+        data=DataSpec(seq_len=SEQ, train_samples=2048, eval_samples=64),
+        eval=EvalSpec(every_samples=256, skip_first=1, target=-1.0, batch_size=32),
+        mlperf=MLPerfSpec(benchmark="llama2_70b_lora", division="open", comparable=False),
+    )
+
+
+def prepare_mini_pretrain(spec: RunSpec) -> dict:
+    info: dict = {}
+    if spec.data.path is None:
+        path, info = pretrain_dataset(spec.data.train_samples, spec.data.eval_samples)
+        spec.data.path = str(path)
+        if spec.eval.target < 0:
+            spec.eval.target = round(info["optimal_eval_loss"] + PRETRAIN_MARGIN, 4)
+    return info
+
+
+def prepare_mini_lora(spec: RunSpec) -> dict:
+    info: dict = {}
+    if spec.model.path is None:
+        path, base_info = base_checkpoint()
+        spec.model.path = str(path)
+        info["base"] = base_info
+    if spec.data.path is None:
+        path, data_info = lora_dataset(spec.data.train_samples, spec.data.eval_samples)
+        spec.data.path = str(path)
+        info.update(data_info)
+        if spec.eval.target < 0:
+            spec.eval.target = round(data_info["optimal_eval_loss"] + LORA_MARGIN, 4)
+    return info
