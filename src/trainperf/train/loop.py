@@ -158,6 +158,14 @@ def build_model(spec: RunSpec, mesh, device: torch.device, param_dtype):
     return model, load_s, nbytes
 
 
+def resolve_param_dtype(spec: RunSpec, device_type: str):
+    """Compute dtype of parameters (FSDP gathers them in it; masters and optimizer stay fp32):
+    bf16 on GPU, fp32 on CPU, unless hardware.dtype says otherwise."""
+    if spec.hardware.dtype == "bf16" or (spec.hardware.dtype == "auto" and device_type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
 def _peak_mem_gib(device_type: str) -> float:
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**30
@@ -272,8 +280,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         log.event(KEYS.LORA_ALPHA, spec.lora.alpha)
 
     mesh = build_mesh(p, device_type)
-    param_dtype = torch.bfloat16 if (device_type == "cuda" and spec.hardware.dtype != "fp32") or spec.hardware.dtype == "bf16" else None
-    model, load_s, load_bytes = build_model(spec, mesh, device, param_dtype)
+    model, load_s, load_bytes = build_model(spec, mesh, device, resolve_param_dtype(spec, device_type))
     trainable = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
                             weight_decay=t.weight_decay, foreach=True)

@@ -1,0 +1,151 @@
+"""LoRA training throughput, side by side: trainperf's engine vs Hugging Face transformers + PEFT.
+
+Same GPU, same process, same shapes, random weights and tokens, LoRA r16 alpha 32 dropout 0.1 on
+q/k/v/o, micro-batch 1, AdamW on the adapters, gradient clipping. Prints tokens/s, model TFLOP/s,
+MFU (LoRA-aware FLOPs, trainperf.train.metrics) and peak memory for both, and the ratio.
+
+    python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec
+from trainperf.train import metrics
+from trainperf.train.loss import train_loss_sum
+
+SHAPES = {  # Llama-2 shapes (vocab 32000)
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32, num_kv_heads=4),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32, num_kv_heads=32),
+    "13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40),
+}
+LORA = LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step_fn()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
+    from trainperf.parallel.parallelize import build_mesh
+    from trainperf.train.loop import build_model, clip_gradients, init_distributed, resolve_param_dtype
+
+    spec = RunSpec(workload="bench", model=model_spec, lora=LORA,
+                   train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0))
+    spec.parallel.dp_shard = 1
+    init_distributed("cuda")
+    mesh = build_mesh(spec.parallel, "cuda")
+    model, _, _ = build_model(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+    ids = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    def step():
+        loss = train_loss_sum(model(ids), ids, mask) / (seq - 1)
+        loss.backward()
+        clip_gradients(trainable, 0.3)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats()
+    times = time_steps(step, steps, warmup)
+    out = {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model, opt
+    return out
+
+
+def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=model_spec.vocab_size, hidden_size=model_spec.hidden_size,
+                      intermediate_size=model_spec.intermediate_size, num_hidden_layers=model_spec.num_layers,
+                      num_attention_heads=model_spec.num_heads, num_key_value_heads=model_spec.num_kv_heads,
+                      max_position_embeddings=max(seq, 4096), tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    if recompute == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    model = get_peft_model(model, LoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, lora_dropout=LORA.dropout,
+                                             target_modules=LORA.target_modules, task_type="CAUSAL_LM"))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+    ids = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    def step():
+        loss = train_loss_sum(model(input_ids=ids).logits, ids, mask) / (seq - 1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 0.3)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats()
+    times = time_steps(step, steps, warmup)
+    out = {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del model, opt
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/lora_throughput.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
+    flops_tok = metrics.train_flops_per_token(model_spec, LORA, args.seq)
+    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
+    results = {}
+    runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
+    for name, fn in runs:
+        r = fn(model_spec, args.seq, args.recompute, args.steps, args.warmup)
+        gc.collect()
+        torch.cuda.empty_cache()
+        tps = args.seq / r["step_s"]
+        r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
+        results[name] = r
+        print(f"{name:10s} {args.shape} seq {args.seq} recompute {args.recompute}: {tps:,.0f} tokens/s, "
+              f"{r['model_tflops']:.0f} model TFLOP/s, MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB",
+              flush=True)
+    if "hf_peft" in results:
+        ratio = results["trainperf"]["tokens_per_s"] / results["hf_peft"]["tokens_per_s"]
+        results["ratio"] = ratio
+        print(f"ratio trainperf / HF+PEFT: {ratio:.2f}x")
+    results.update(shape=args.shape, seq=args.seq, recompute=args.recompute, gpu=torch.cuda.get_device_name(),
+                   torch=torch.__version__, flops_per_token=flops_tok, date=time.strftime("%Y-%m-%d"))
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
