@@ -369,8 +369,8 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(f"train.lr={t.lr}: must be > 0")
     if t.max_steps < 1:
         raise SpecError(f"train.max_steps={t.max_steps}: must be >= 1")
-    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
-        raise SpecError(f"train.warmup_steps={t.warmup_steps}: must be between 0 and train.max_steps={t.max_steps}")
+    if t.warmup_steps < 0 or t.decay_steps < 0:
+        raise SpecError("train.warmup_steps and train.decay_steps must be >= 0")
     if t.grad_clip < 0:
         raise SpecError(f"train.grad_clip={t.grad_clip}: must be >= 0 (0 disables clipping)")
     if lo.rank < 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -116,10 +117,10 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             if spec.hardware.device == "cpu" or not _cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-                   "--tee=0", "-m", "trainperf.train.loop", str(run_dir)]
-            proc = subprocess.run(cmd, env=env)
-            if proc.returncode != 0:
-                store.mark_failed_if_running(run_id, f"torchrun exited with code {proc.returncode}")
+                   "-m", "trainperf.train.loop", str(run_dir)]
+            returncode = _run_torchrun(cmd, env)
+            if returncode != 0:
+                store.mark_failed_if_running(run_id, f"torchrun exited with code {returncode}")
     except BaseException as exc:
         store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
         raise
@@ -133,6 +134,34 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     return {"run_id": run_id, "status": row.get("status", "failed"), "status_reason": row.get("status_reason"),
             "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
             "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(f"received {signal.Signals(signum).name}")
+
+
+def _run_torchrun(cmd: list[str], env: dict) -> int:
+    """Run torchrun; on SIGTERM/SIGINT pass the signal on (torchrun forwards it to every rank, whose
+    handler records the failure), wait for the ranks to finish, then re-raise."""
+    proc = subprocess.Popen(cmd, env=env)
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:

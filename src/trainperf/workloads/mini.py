@@ -98,6 +98,7 @@ def pretrain_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
 
 def lora_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
     key = _key(kind="lora", train=train_rows, eval=eval_rows, seq=SEQ, rows=LORA_REDRAWN_ROWS)
+    base_dir, _ = base_checkpoint()  # before taking the data lock: building the base takes it too
     with _locked("data") as root:
         dest = root / f"mini-lora-data-{key}"
         if not (dest / "source.json").is_file():
@@ -107,11 +108,26 @@ def lora_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
             val = TokenSplit(src.sample(eval_rows, SEQ, seed=8), prompt_answer_mask(eval_rows, SEQ, half))
             _write_dataset(dest, train, val, {"source": "markov B (A with rows redrawn)", "vocab": VOCAB,
                                               "redrawn_rows": LORA_REDRAWN_ROWS, "entropy_rate": src.entropy_rate(),
-                                              "optimal_eval_loss": src.optimal_loss(val)})
+                                              "optimal_eval_loss": src.optimal_loss(val),
+                                              "base_model": str(base_dir),
+                                              "base_eval_loss": _eval_loss_of_checkpoint(base_dir, val)})
         return dest, json.loads((dest / "source.json").read_text())
 
 
 BASE_STEPS, BASE_BATCH, BASE_LR = 400, 16, 3e-3
+
+
+def _eval_loss_of_checkpoint(path: Path, val: TokenSplit) -> float:
+    """Eval loss (the training definition) of a checkpoint on a split: shows the base misses the target."""
+    from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into
+    from trainperf.model.llama import LlamaForCausalLM
+    from trainperf.train.loss import eval_loss_from_parts, per_sequence_loss
+
+    model = LlamaForCausalLM(mini_model())
+    load_checkpoint_into(model, inspect_checkpoint(str(path)))
+    with torch.no_grad():
+        per_seq, has = per_sequence_loss(model(val.input_ids), val.input_ids, val.loss_mask)
+    return eval_loss_from_parts(per_seq, has)
 
 
 def base_checkpoint() -> tuple[Path, dict]:
