@@ -1,0 +1,46 @@
+# Two commands on a fresh machine:
+#   make demo   set up .venv, then run the main job (mini-lora to target on 2 processes) and the report
+#   make test   set up .venv with the test extras, then run the whole test suite
+#
+# torch: a GPU machine's own torch is used when one is already importable by $(PYTHON); otherwise
+# the CPU build torch==2.13.0 (a local wheel on the project's CPU machines) goes into .venv.
+# Nothing here can pull a multi-GB CUDA build: torch is installed first, pinned, and no other
+# requirement asks for a newer one.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_CPU := torch==2.13.0
+STAMP  := $(VENV)/.trainperf-installed
+STAMP_TEST := $(VENV)/.trainperf-test-installed
+
+.PHONY: demo test setup clean
+
+$(VENV)/bin/python:
+	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	  echo "using the machine's own torch (CUDA) through --system-site-packages"; \
+	  $(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+	  $(PYTHON) -m venv $(VENV); \
+	fi
+
+$(STAMP): $(VENV)/bin/python pyproject.toml
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
+	$(PIP) install -q -e .
+	@touch $(STAMP)
+
+$(STAMP_TEST): $(STAMP)
+	$(PIP) install -q -e ".[test]"
+	@touch $(STAMP_TEST)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/trainperf demo
+
+test: $(STAMP_TEST)
+	$(PY) -m pytest -q -ra --durations=10
+
+clean:
+	rm -rf $(VENV) .cache runs trainperf.db trainperf.db-wal trainperf.db-shm
