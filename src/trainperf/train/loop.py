@@ -304,8 +304,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
 
     tokens_per_step = t.global_batch_size * d.seq_len
     flops_per_token = metrics.train_flops_per_token(spec.model, spec.lora, d.seq_len)
+    gpu_name = hw.get("gpu") if spec.hardware.gpu == "auto" else spec.hardware.gpu
     peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
-        metrics.peak_flops_for(hw["gpu"]) if hw.get("gpu") else None)
+        metrics.peak_flops_for(gpu_name) if gpu_name else None)
     step_times: list[float] = []
     status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
     evals_done = 0
