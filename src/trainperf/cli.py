@@ -18,8 +18,13 @@ DEFAULT_DB = "trainperf.db"
 DEFAULT_OUT = "runs"
 
 
+_ARGV: list[str] = []
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own errors: one line, exit 2
+    def error(self, message: str):  # argparse's own errors: one line, exit 2 (JSON too with --json)
+        if "--json" in _ARGV:
+            print(json.dumps({"error": message, "exit_code": EXIT_BAD_INPUT}))
         self.exit(EXIT_BAD_INPUT, f"trainperf: error: {message}\n")
 
 
@@ -188,7 +193,8 @@ def cmd_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    _ARGV[:] = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(_ARGV)
     handlers = {"run": cmd_run, "workloads": cmd_workloads, "report": cmd_report, "demo": cmd_demo}
     return handlers[args.command](args)
 

@@ -383,6 +383,9 @@ def validate(spec: RunSpec, world_size: int) -> None:
         bad = [x for x in lo.target_modules if x not in valid]
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
+    if d.path is None and (d.train_samples < 1 or d.eval_samples < 1):
+        raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
+                        "dataset needs at least 1 row of each (or give data.path)")
     if d.seq_len < 2:
         raise SpecError(f"data.seq_len={d.seq_len}: must be >= 2")
     if d.seq_len > m.max_position_embeddings:

@@ -74,11 +74,18 @@ def inspect_dataset(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
     return rows
 
 
-def load_split(path: str, split: str, vocab_size: int) -> TokenSplit:
+def verify_token_range(path: str, split: str, vocab_size: int) -> None:
+    """Every token id lies in [0, vocab_size); SpecError otherwise."""
     with safe_open(str(Path(path) / f"{split}.safetensors"), framework="pt") as sf:
-        ids = sf.get_tensor("input_ids").to(torch.int64)
-        mask = sf.get_tensor("loss_mask").to(torch.bool)
+        ids = sf.get_tensor("input_ids")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise SpecError(f"data.path {path!r}: {split} token ids span [{int(ids.min())}, {int(ids.max())}], "
                         f"outside the model's vocabulary [0, {vocab_size})")
+
+
+def load_split(path: str, split: str, vocab_size: int) -> TokenSplit:
+    verify_token_range(path, split, vocab_size)
+    with safe_open(str(Path(path) / f"{split}.safetensors"), framework="pt") as sf:
+        ids = sf.get_tensor("input_ids").to(torch.int64)
+        mask = sf.get_tensor("loss_mask").to(torch.bool)
     return TokenSplit(ids, mask)

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from trainperf.model import checkpoint as ckpt
-from trainperf.data.tokens import inspect_dataset
+from trainperf.data.tokens import inspect_dataset, verify_token_range
 from trainperf.parallel.parallelize import layout_string
-from trainperf.specs import RunSpec, SpecError, resolve_spec, validate
+from trainperf.specs import RunSpec, SpecError, resolve_spec, set_value, validate
 from trainperf.workloads import get_workload
 
 
@@ -33,12 +33,23 @@ def external_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
 
 
-def _apply_checkpoint_config(spec: RunSpec) -> None:
+def _apply_checkpoint_config(spec: RunSpec, world_size: int) -> None:
     """A checkpoint's config.json defines the architecture; its tensors must match it."""
+    where = f"model.path {spec.model.path!r}: config.json"
     index = ckpt.inspect_checkpoint(spec.model.path)
     fields = ckpt.hf_config_to_model_fields(index.config, f"model.path {spec.model.path!r}")
     for k, v in fields.items():
-        setattr(spec.model, k, type(getattr(spec.model, k))(v))
+        try:
+            set_value(spec, f"model.{k}", v)
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+    try:
+        validate(spec, world_size)
+    except SpecError as exc:
+        msg = str(exc)
+        for ours, theirs in ckpt.HF_CONFIG_KEYS.items():  # name the key as config.json spells it
+            msg = msg.replace(f"model.{ours}=", f"{theirs}=")
+        raise SpecError(f"{where} describes an invalid model: {msg}") from None
     ckpt.check_checkpoint(index, spec.model)
 
 
@@ -55,15 +66,17 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
             raise SpecError(f"--nproc-per-node {world_size} exceeds the {torch.cuda.device_count()} visible GPUs")
     validate(spec, world_size)
     if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
-        _apply_checkpoint_config(spec)
-        validate(spec, world_size)
+        _apply_checkpoint_config(spec, world_size)
     info = wl.prepare(spec)
     if spec.model.path:
-        _apply_checkpoint_config(spec)
-        validate(spec, world_size)
+        _apply_checkpoint_config(spec, world_size)
     if not spec.data.path:
         raise SpecError(f"workload {workload!r} needs data.path (a dataset directory)")
     rows = inspect_dataset(spec.data.path, spec.data.seq_len, spec.model.vocab_size)
+    # A verification pass over the token ids, before init (like a dataset checksum check): a bad
+    # dataset must stop the run before anything is launched or stored, not inside the timed region.
+    for split in ("train", "validation"):
+        verify_token_range(spec.data.path, split, spec.model.vocab_size)
     if rows["train"] < spec.train.global_batch_size:
         raise SpecError(f"data.path {spec.data.path!r} has {rows['train']} training rows, fewer than one global batch "
                         f"({spec.train.global_batch_size})")

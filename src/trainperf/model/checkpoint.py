@@ -93,13 +93,18 @@ def inspect_checkpoint(path: str) -> CheckpointIndex:
         config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as exc:
         raise SpecError(f"model.path {path!r}: config.json is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"model.path {path!r}: config.json must hold a JSON object, found {type(config).__name__}")
     files = sorted(p.glob("*.safetensors"))
     index_file = p / "model.safetensors.index.json"
     if index_file.is_file():
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError):
-            raise SpecError(f"model.path {path!r}: model.safetensors.index.json is corrupt (no weight_map)") from None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecError(f"model.path {path!r}: model.safetensors.index.json is corrupt "
+                            "(expected a weight_map of tensor name -> shard file)") from None
         missing = sorted({f for f in weight_map.values() if not (p / f).is_file()})
         if missing:
             raise SpecError(f"model.path {path!r}: shard {missing[0]} named in the index is missing")
