@@ -192,8 +192,10 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
-        return train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
-                                      create_row=True))
+        summary = train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
+                                         create_row=True))
+        dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
+        return summary
     finally:
         dist.destroy_process_group()
 

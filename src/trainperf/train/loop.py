@@ -451,6 +451,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                      progress=launch.get("progress", False))
     try:
         train(spec, ctx)
+        dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
