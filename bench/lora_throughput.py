@@ -42,6 +42,24 @@ def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
     return times
 
 
+def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, warmup: int) -> dict:
+    """Median step time and peak memory of forward/backward/clip/AdamW on one random sequence."""
+    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+    ids = torch.randint(0, vocab, (1, seq), device="cuda")
+    mask = torch.ones_like(ids, dtype=torch.bool)
+
+    def step():
+        loss = train_loss_sum(forward(ids), ids, mask) / (seq - 1)
+        loss.backward()
+        clip(trainable, 0.3)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats()
+    times = time_steps(step, steps, warmup)
+    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
 def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.loop import build_model, clip_gradients, init_distributed, resolve_param_dtype
@@ -53,22 +71,7 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
     mesh = build_mesh(spec.parallel, "cuda")
     model, _, _ = build_model(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda"))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    ids = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
-    mask = torch.ones_like(ids, dtype=torch.bool)
-
-    def step():
-        loss = train_loss_sum(model(ids), ids, mask) / (seq - 1)
-        loss.backward()
-        clip_gradients(trainable, 0.3)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    torch.cuda.reset_peak_memory_stats()
-    times = time_steps(step, steps, warmup)
-    out = {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del model, opt
-    return out
+    return measure(model, trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 
 
 def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
@@ -89,22 +92,8 @@ def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, w
                                              target_modules=LORA.target_modules, task_type="CAUSAL_LM"))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    ids = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
-    mask = torch.ones_like(ids, dtype=torch.bool)
-
-    def step():
-        loss = train_loss_sum(model(input_ids=ids).logits, ids, mask) / (seq - 1)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 0.3)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    torch.cuda.reset_peak_memory_stats()
-    times = time_steps(step, steps, warmup)
-    out = {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del model, opt
-    return out
+    return measure(lambda ids: model(input_ids=ids).logits, trainable, torch.nn.utils.clip_grad_norm_,
+                   model_spec.vocab_size, seq, steps, warmup)
 
 
 def main() -> int:
