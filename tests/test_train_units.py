@@ -18,7 +18,7 @@ from trainperf.data.tokens import TokenSplit
 from trainperf.specs import LoRASpec, ModelSpec, TrainSpec
 from trainperf.train import metrics
 from trainperf.train.loop import clip_gradients, evaluate, lr_at
-from trainperf.train.loss import eval_loss_from_parts, per_sequence_loss, train_loss_sum
+from trainperf.train.loss import eval_loss_from_parts, per_sequence_loss, row_loss_sums, shift_targets, train_loss_sum
 
 # ----------------------------------------------------------------------------------------------
 # learning-rate schedule
@@ -211,6 +211,21 @@ class _FixedLogits(torch.nn.Module):
         return self.table[ids]
 
 
+class _OneModelEngine:
+    """The part of the Engine protocol evaluate() uses, around one plain module."""
+
+    def __init__(self, model):
+        self.model = model
+        self.training = True
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        self.model.train(mode)
+
+    def eval_batch(self, ids, mask):
+        return row_loss_sums(self.model(ids), *shift_targets(ids, mask))
+
+
 @pytest.fixture
 def gloo_group():
     with socket.socket() as s:
@@ -238,10 +253,10 @@ def test_evaluate_on_one_process_group(gloo_group):
     for t in (7, 8):
         ids[0, t] = int(table[ids[0, t - 1]].argmax())
     split = TokenSplit(input_ids=ids, loss_mask=mask)
-    model = _FixedLogits(table)
+    model = _OneModelEngine(_FixedLogits(table))
     model.train()
 
-    per_seq, has = per_sequence_loss(model(ids), ids, mask)
+    per_seq, has = per_sequence_loss(model.model(ids), ids, mask)
     ref = eval_loss_from_parts(per_seq, has)
 
     batches = eval_shards(5, 0, 1, 2)

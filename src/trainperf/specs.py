@@ -65,10 +65,12 @@ class ParallelSpec:
     sp: bool = False
     cp: int = 1
     pp: int = 1
-    pp_schedule: str = "1F1B"
+    pp_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B
+    pp_stages_per_rank: int = 0  # virtual stages per pipeline rank; 0: 2 for Interleaved1F1B, else 1
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 
 
 @dataclass
@@ -89,6 +91,7 @@ class TrainSpec:
     seed: int = 1234
     log_every: int = 10
     compile: bool = False
+    save_final_model: bool = False  # write the trained (base) weights to RUN_DIR/model at the end
 
 
 @dataclass
@@ -292,9 +295,6 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
 # ---------------------------------------------------------------------------------------------
 # Validation: everything checkable without a process group is checked here, before launch.
 
-SUPPORTED_NOW = ("dp_replicate", "dp_shard")
-
-
 def data_parallel_size(p: ParallelSpec) -> int:
     return p.dp_replicate * p.dp_shard
 
@@ -305,12 +305,8 @@ def resolve_layout(spec: RunSpec, world_size: int) -> None:
     for name in ("dp_replicate", "tp", "cp", "pp"):
         if getattr(p, name) < 1:
             raise SpecError(f"parallel.{name}={getattr(p, name)}: must be >= 1")
-    if p.tp > 1 or p.cp > 1 or p.pp > 1 or p.sp:
-        used = [f"{n}={getattr(p, n)}" for n in ("tp", "cp", "pp") if getattr(p, n) > 1] + (["sp=true"] if p.sp else [])
-        raise SpecError(
-            f"parallel layout {', '.join(used)} is not supported yet: this version runs data parallel only "
-            "(parallel.dp_replicate x parallel.dp_shard); set tp=1, cp=1, pp=1, sp=false"
-        )
+    if p.pp_schedule not in PP_SCHEDULES:
+        raise SpecError(f"parallel.pp_schedule={p.pp_schedule!r}: valid schedules are {', '.join(PP_SCHEDULES)}")
     others = p.tp * p.cp * p.pp * p.dp_replicate
     if p.dp_shard == -1:
         if world_size % others:
@@ -338,6 +334,51 @@ def eval_interval_samples(spec: RunSpec) -> int:
     """MLPerf: every N samples, rounded up to a whole number of global batches."""
     gbs = spec.train.global_batch_size
     return math.ceil(spec.eval.every_samples / gbs) * gbs
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def validate_layout(spec: RunSpec) -> None:
+    """What each technique needs of the model and the batch."""
+    p, m, t, d = spec.parallel, spec.model, spec.train, spec.data
+    if p.tp > 1:
+        for name, value in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
+                            ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):
+            if value % p.tp:
+                raise SpecError(f"model.{name}={value} is not divisible by parallel.tp={p.tp}; "
+                                f"choose tp among the divisors of {value}")
+    if p.sp and p.tp > 1 and d.seq_len % p.tp:
+        raise SpecError(f"data.seq_len={d.seq_len} is not divisible by parallel.tp={p.tp} (sequence parallel splits it)")
+    if p.cp > 1:
+        if d.seq_len % (2 * p.cp):
+            raise SpecError(f"data.seq_len={d.seq_len} is not divisible by 2 x parallel.cp = {2 * p.cp} "
+                            "(load-balanced context parallel cuts each sequence into 2*cp chunks)")
+        if p.tp > 1 and p.sp and d.seq_len % (2 * p.cp * p.tp):
+            raise SpecError(f"data.seq_len={d.seq_len} is not divisible by 2 x cp x tp = {2 * p.cp * p.tp}")
+        if p.pp > 1:
+            raise SpecError("parallel.cp > 1 together with parallel.pp > 1 is not supported yet; use one of them")
+        if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
+            raise SpecError("parallel.cp > 1 needs CUDA GPUs: in torch 2.13 context parallel attention has no "
+                            "CPU kernels (no backward); use cp=1 on CPU")
+    if p.pp > 1:
+        vstages = p.pp_stages_per_rank or (2 if p.pp_schedule == "Interleaved1F1B" else 1)
+        if p.pp_schedule == "Interleaved1F1B" and vstages < 2:
+            raise SpecError("parallel.pp_schedule=Interleaved1F1B needs parallel.pp_stages_per_rank >= 2")
+        if p.pp_schedule != "Interleaved1F1B" and vstages != 1:
+            raise SpecError(f"parallel.pp_stages_per_rank={vstages} needs parallel.pp_schedule=Interleaved1F1B")
+        stages = p.pp * vstages
+        if m.num_layers % stages:
+            raise SpecError(f"model.num_layers={m.num_layers} is not divisible by the {stages} pipeline stages "
+                            f"(pp={p.pp} x {vstages} per rank)")
+        micro = t.global_batch_size // (data_parallel_size(p) * t.micro_batch_size)
+        if micro < p.pp:
+            raise SpecError(f"{micro} micro-batches per step (GBS {t.global_batch_size} / dp {data_parallel_size(p)} / "
+                            f"micro-batch {t.micro_batch_size}) are fewer than the {p.pp} pipeline stages; "
+                            f"raise train.global_batch_size to at least {p.pp * data_parallel_size(p) * t.micro_batch_size}")
 
 
 def validate(spec: RunSpec, world_size: int) -> None:
@@ -383,6 +424,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         bad = [x for x in lo.target_modules if x not in valid]
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
+    validate_layout(spec)
     if d.path is None and (d.train_samples < 1 or d.eval_samples < 1):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")

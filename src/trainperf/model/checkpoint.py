@@ -195,6 +195,18 @@ class _TensorReader:
         raise KeyError(param_name)
 
 
+def to_storage(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """A full tensor in checkpoint order -> the order the model stores it in. The identity, except
+    where a parallel layout registered ``model._storage_transforms`` (TP-sharded fused qkv)."""
+    fns = getattr(model, "_storage_transforms", {}).get(name)
+    return fns[0](full) if fns else full
+
+
+def from_storage(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    fns = getattr(model, "_storage_transforms", {}).get(name)
+    return fns[1](full) if fns else full
+
+
 def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
     """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
 
@@ -207,7 +219,7 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
         for name, param in model.named_parameters():
             if ".lora_A." in name or ".lora_B." in name:
                 continue
-            full = reader.full_tensor_for(name)
+            full = to_storage(model, name, reader.full_tensor_for(name))
             nbytes += full.numel() * full.element_size()
             if isinstance(param, DTensor):
                 local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
@@ -267,16 +279,17 @@ def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, de
     _atomic_dir_write(Path(dest), write)
 
 
-def gather_full_state(model: torch.nn.Module, only_adapters: bool = False) -> dict[str, torch.Tensor]:
-    """Full CPU tensors of every (or every adapter) parameter. Collective under FSDP: call on all ranks."""
+def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_only: bool = False) -> dict[str, torch.Tensor]:
+    """Full CPU tensors of every parameter (or only the adapters, or only the base). Collective
+    under FSDP/TP: call on every rank of the model's mesh, in the same order."""
     from torch.distributed.tensor import DTensor
 
     from trainperf.model.lora import is_adapter_param
 
     out = {}
     for name, param in model.named_parameters():
-        if only_adapters and not is_adapter_param(name):
+        if (only_adapters and not is_adapter_param(name)) or (base_only and is_adapter_param(name)):
             continue
         t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-        out[name] = t.detach().to("cpu", copy=True)
+        out[name] = from_storage(model, name, t.detach()).to("cpu", copy=True)
     return out

@@ -95,8 +95,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
         if self.fused:
-            q_out, kv_out = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-            q, k, v = self.qkv_proj(x).split([q_out, kv_out, kv_out], dim=-1)
+            qkv = self.qkv_proj(x)
+            # local sizes: under tensor parallel each rank holds its own slice of q, k and v
+            unit = qkv.shape[-1] // (self.n_heads + 2 * self.n_kv)
+            q, k, v = qkv.split([self.n_heads * unit, self.n_kv * unit, self.n_kv * unit], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # -1 rather than n_heads so that a tensor-parallel shard with fewer local heads still works
@@ -138,15 +140,23 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        # a dict keyed "0".."N-1" names parameters exactly as a ModuleList would, and lets a pipeline
+        # stage drop the layers it does not own without renaming the rest
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(cfg.num_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(input_ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, h.device, h.dtype)
-        for layer in self.layers:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: token ids [batch, seq], or hidden states [batch, seq, hidden] on a later pipeline stage.
+        positions: [seq] token positions (context parallel shards the sequence out of order)."""
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        cos, sin = rope_cos_sin(self.cfg.max_position_embeddings if positions is not None else x.shape[1],
+                                self.cfg.head_dim, self.cfg.rope_theta, h.device, torch.float32)
+        if positions is not None:
+            cos, sin = cos[positions], sin[positions]
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        for layer in self.layers.values():
             h = layer(h, cos, sin)
-        return self.norm(h)
+        return self.norm(h) if self.norm is not None else h
 
 
 class LlamaForCausalLM(nn.Module):
@@ -156,8 +166,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.model(input_ids))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.model(x, positions)
+        return self.lm_head(h) if self.lm_head is not None else h
 
 
 def build_on_meta(cfg: ModelSpec) -> LlamaForCausalLM:

@@ -1,10 +1,20 @@
-"""Compose PyTorch's parallel techniques on one DeviceMesh, one function per technique, applied in a
-fixed order (torchtitan's order): [TP/SP, CP: next issue] -> activation checkpointing -> compile ->
-FSDP2/HSDP. This version builds the data-parallel part of the mesh: ``dp_replicate`` x ``dp_shard``.
+"""Compose PyTorch's parallel techniques on one DeviceMesh: one function per technique, applied in a
+fixed order (torchtitan's):
+
+    1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
+    2. TP + SP          parallelize_module plans; LoRA-aware styles; loss-parallel output
+    3. CP               context_parallel() around each step (applied per step, see train/loop.py)
+    4. recompute        activation checkpointing per decoder layer (none | selective | full)
+    5. compile          torch.compile per decoder layer
+    6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
+
+Mesh dims, outermost to innermost: pp, dp_replicate, dp_shard, cp, tp -- so TP stays inside a node,
+then CP, then FSDP; replication and pipeline stages are the ones that cross node boundaries first.
 """
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import torch
@@ -13,15 +23,190 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainperf.specs import ParallelSpec
 
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def mesh_sizes(p: ParallelSpec) -> dict[str, int]:
+    return {"pp": p.pp, "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "cp": p.cp, "tp": p.tp}
+
 
 def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
-    """Outermost replication, then sharding (TP, CP and PP dims join in the next issue)."""
-    return init_device_mesh(device_type, (p.dp_replicate, p.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+    """The world as one mesh, plus flattened views: 'dp' (data loading), 'dp_shard_cp' (FSDP shards
+    over data and context ranks alike: both hold the same parameters) and 'dp_cp' (loss scaling)."""
+    sizes = mesh_sizes(p)
+    mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+    mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+    mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+    mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
+    return mesh
+
+
+def placement(p: ParallelSpec, gpus_per_node: int) -> dict[str, str]:
+    """For each mesh dim of size > 1: whether its groups stay inside a node or cross node boundaries."""
+    out, stride = {}, 1
+    for dim in reversed(MESH_DIMS):  # innermost first: its ranks are adjacent
+        size = mesh_sizes(p)[dim]
+        if size > 1:
+            out[dim] = "intra-node" if stride * size <= gpus_per_node else "crosses nodes"
+        stride *= size
+    return out
 
 
 def layout_string(p: ParallelSpec) -> str:
-    return f"dp_replicate={p.dp_replicate},dp_shard={p.dp_shard},tp={p.tp},cp={p.cp},pp={p.pp}"
+    s = f"dp_replicate={p.dp_replicate},dp_shard={p.dp_shard},tp={p.tp},cp={p.cp},pp={p.pp}"
+    if p.tp > 1 and p.sp:
+        s += ",sp"
+    if p.pp > 1:
+        s += f",pp_schedule={p.pp_schedule}"
+    return s
 
+
+# ---------------------------------------------------------------------------------------------
+# 1. Pipeline split
+
+def stages_per_rank(p: ParallelSpec) -> int:
+    if p.pp_stages_per_rank:
+        return p.pp_stages_per_rank
+    return 2 if p.pp_schedule == "Interleaved1F1B" else 1
+
+
+def split_for_pipeline(model: nn.Module, p: ParallelSpec, pp_rank: int) -> list[tuple[int, nn.Module]]:
+    """Cut the (meta) model into pp x stages_per_rank stages of equal layer counts; this rank keeps
+    stages pp_rank, pp_rank + pp, ... (looping placement, as the interleaved schedule expects).
+    The first stage keeps the embedding, the last the final norm and LM head; parameter names stay
+    the full model's names, so checkpoints load and adapters export unchanged."""
+    n_stages = p.pp * stages_per_rank(p)
+    layers = list(model.model.layers.keys())
+    per_stage = len(layers) // n_stages
+    out = []
+    for stage in range(pp_rank, n_stages, p.pp):
+        part = copy.deepcopy(model)
+        keep = set(layers[stage * per_stage:(stage + 1) * per_stage])
+        for name in layers:
+            if name not in keep:
+                del part.model.layers[name]
+        if stage != 0:
+            part.model.embed_tokens = None
+        if stage != n_stages - 1:
+            part.model.norm = None
+            part.lm_head = None
+        out.append((stage, part))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Tensor + sequence parallel
+
+def _lora_aware(style_cls, base_place, lora_a_place, lora_b_place, desired_input):
+    """A Colwise/RowwiseParallel that also places a LoRALinear's adapters.
+
+    Colwise base (q/k/v/qkv, gate/up): weight Shard(0); lora_A replicated (it reads the full input);
+    lora_B Shard(0) (its output is the base's output shard). Rowwise base (o/down): weight Shard(1);
+    lora_A Shard(1) (a partial sum, reduced together with the base's in the same collective);
+    lora_B replicated. requires_grad is carried over, so frozen weights stay frozen."""
+    from torch.distributed.tensor import distribute_module, distribute_tensor
+
+    from trainperf.model.lora import LoRALinear
+
+    class Style(style_cls):
+        def _apply(self, module, device_mesh):
+            if not isinstance(module, LoRALinear):
+                return super()._apply(module, device_mesh)
+            places = {"": base_place, "lora_A": lora_a_place, "lora_B": lora_b_place}
+            self.desired_input_layouts = (desired_input,)
+
+            def partition(name, sub, mesh):
+                if name not in places:
+                    return
+                for pname, param in list(sub.named_parameters(recurse=False)):
+                    dt = distribute_tensor(param, mesh, [places[name]], src_data_rank=None)
+                    sub.register_parameter(pname, nn.Parameter(dt, requires_grad=param.requires_grad))
+
+            return distribute_module(
+                module, device_mesh, partition,
+                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+    return Style
+
+
+def _tp_styles():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return (_lora_aware(ColwiseParallel, Shard(0), Replicate(), Shard(0), Replicate()),
+            _lora_aware(RowwiseParallel, Shard(1), Shard(1), Replicate(), Shard(-1)))
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-style TP: attention heads and MLP columns split over the TP ranks; with SP the norms
+    and the residual stream are split along the sequence between the blocks. The LM head keeps its
+    output vocab-sharded for loss-parallel cross entropy (no gathering of [tokens, vocab] logits)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    Col, Row = _tp_styles()
+    seq = Shard(1) if sequence_parallel else Replicate()
+    frozen = {n: q.requires_grad for n, q in model.named_parameters()}
+    top = {}
+    if model.model.embed_tokens is not None:
+        top["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.model.norm is not None and sequence_parallel:
+        top["model.norm"] = SequenceParallel()
+    if model.lm_head is not None:
+        top["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(model, tp_mesh, top)
+    for layer in model.model.layers.values():
+        attn = layer.self_attn
+        plan = {
+            "self_attn": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+            "self_attn.o_proj": Row(output_layouts=seq),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": Col(),
+            "mlp.up_proj": Col(),
+            "mlp.down_proj": Row(output_layouts=seq),
+        }
+        for name in ("qkv_proj",) if attn.fused else ("q_proj", "k_proj", "v_proj"):
+            plan[f"self_attn.{name}"] = Col()
+        if sequence_parallel:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+        parallelize_module(layer, tp_mesh, plan)
+    # SequenceParallel re-registers the norm weights without their requires_grad (torch 2.13):
+    # restore every flag so frozen weights stay frozen under LoRA.
+    for n, q in model.named_parameters():
+        q.requires_grad_(frozen[n])
+    # a fused qkv_proj sharded by rows must give every rank its own slice of q, k and v
+    if any(layer.self_attn.fused for layer in model.model.layers.values()):
+        model._storage_transforms = qkv_storage_transforms(model, tp_mesh.size())
+
+
+def qkv_row_order(n_heads: int, n_kv: int, head_dim: int, tp: int) -> torch.Tensor:
+    """Row order of a fused [q; k; v] weight such that TP rank r's contiguous Shard(0) block holds
+    [q_r; k_r; v_r]. The full checkpoint tensor is permuted by this before sharding."""
+    q, kv = n_heads * head_dim, n_kv * head_dim
+    order = []
+    for r in range(tp):
+        order += list(range(r * q // tp, (r + 1) * q // tp))
+        order += list(range(q + r * kv // tp, q + (r + 1) * kv // tp))
+        order += list(range(q + kv + r * kv // tp, q + kv + (r + 1) * kv // tp))
+    return torch.tensor(order)
+
+
+def qkv_storage_transforms(model: nn.Module, tp: int) -> dict[str, tuple]:
+    cfg = model.cfg
+    order = qkv_row_order(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp)
+    inverse = torch.argsort(order)
+    out = {}
+    for name, _ in model.named_parameters():
+        if name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.lora_B.weight"):
+            out[name] = (lambda t, o=order: t[o.to(t.device)], lambda t, i=inverse: t[i.to(t.device)])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Activation checkpointing, 5. compile
 
 def _selective_policy():
     """Save the outputs of matmuls and attention; recompute the cheap pointwise ops (norms, SiLU,
@@ -55,34 +240,52 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer)."""
     if mode == "none":
         return
-    for layer in model.model.layers:
+    for layer in model.model.layers.values():
         layer._forward_plain = layer.forward
         layer.forward = partial(_recomputed_forward, layer, mode)
 
 
 def apply_compile(model: nn.Module) -> None:
     """Compile each decoder layer separately (fast compile, reused across identical layers)."""
-    for layer in model.model.layers:
+    for layer in model.model.layers.values():
         layer.forward = torch.compile(layer.forward, fullgraph=True)
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> None:
-    """FSDP2 per decoder layer, the embedding, and [norm, lm_head] with the root; HSDP when
-    dp_replicate > 1 (replicate over the first mesh dim, shard over the second). Gradients are
-    reduced in fp32 even when parameters are gathered in bf16."""
+# ---------------------------------------------------------------------------------------------
+# 6. FSDP2 / HSDP
+
+def fsdp_mesh(mesh: DeviceMesh, p: ParallelSpec) -> DeviceMesh:
+    return mesh[("dp_replicate", "dp_shard_cp")] if p.dp_replicate > 1 else mesh["dp_shard_cp"]
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None, pipelined: bool) -> None:
+    """FSDP2 per decoder layer, the embedding, and [norm, lm_head] with the root; HSDP on a 2-D mesh
+    (replicate, shard). Gradients are reduced in fp32 even when parameters are gathered in bf16.
+    Under PP parameters stay gathered between micro-batches (each is reused by many)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=mp)
+    reshard = not pipelined
+    for layer in model.model.layers.values():
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    if model.model.embed_tokens is not None:
+        fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     # the root keeps norm + lm_head; not resharded after forward since backward needs them first
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
 def parallelize(model: nn.Module, p: ParallelSpec, mesh: DeviceMesh, recompute: str, compile_layers: bool,
                 param_dtype: torch.dtype | None) -> None:
+    """Steps 2, 4, 5, 6 on one model (or one pipeline stage) in place."""
+    if p.tp > 1:
+        apply_tp(model, mesh["tp"], p.sp)
     apply_activation_checkpointing(model, recompute)
     if compile_layers:
         apply_compile(model)
-    apply_fsdp(model, mesh, param_dtype)
+    apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
+
+
+def loss_scale(p: ParallelSpec) -> int:
+    """FSDP/HSDP average gradients over dp_replicate x dp_shard x cp ranks; each rank's loss is its
+    share of the global sum, so it is scaled by that count to make the average a sum."""
+    return p.dp_replicate * p.dp_shard * p.cp

@@ -28,12 +28,10 @@ import torch.distributed as dist
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards
 from trainperf.data.tokens import load_split
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.llama import build_on_meta, init_full_tensor
-from trainperf.model.lora import apply_lora
-from trainperf.parallel.parallelize import build_mesh, layout_string, parallelize
+from trainperf.parallel.parallelize import build_mesh, layout_string, placement
 from trainperf.specs import RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, grad_accum_steps
 from trainperf.train import metrics
-from trainperf.train.loss import per_sequence_loss, train_loss_sum
+from trainperf.train.engine import Engine
 from trainperf.train.mlperf_log import KEYS, RunLog
 
 
@@ -63,13 +61,21 @@ def lr_at(step: int, t: TrainSpec) -> float:
     return floor + (t.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Clip the global gradient norm (across every shard) to max_norm; returns the norm before clipping."""
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
+    """Clip the global gradient norm to max_norm; returns the norm before clipping. Sharded (DTensor)
+    gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group."""
     from torch.distributed.tensor import DTensor
 
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+    grads = [q.grad for q in params if q.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
+    if pp_group is not None:
+        norm = norm ** 2
+        dist.all_reduce(norm, group=pp_group)
+        norm = norm.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm
 
 
@@ -131,31 +137,9 @@ def hardware_info(device_type: str, world: int) -> dict:
 
 
 def build_model(spec: RunSpec, mesh, device: torch.device, param_dtype):
-    """Meta-device build -> LoRA -> recompute/compile/FSDP -> materialise -> init or load (untimed)."""
-    model = build_on_meta(spec.model)
-    if spec.lora.enabled:
-        apply_lora(model, spec.lora)
-    parallelize(model, spec.parallel, mesh, spec.train.recompute, spec.train.compile, param_dtype)
-    model.to_empty(device=device)
-    load_s, nbytes = 0.0, 0
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    with torch.no_grad():  # deterministic init by (seed, name): identical for every layout
-        for name, p in model.named_parameters():
-            full = init_full_tensor(name, p.shape, spec.model, spec.train.seed, device)
-            if isinstance(p, DTensor):
-                p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
-            else:
-                p.copy_(full)
-    if spec.model.path:
-        t0 = time.perf_counter()
-        nbytes = ckpt.load_checkpoint_into(model, ckpt.inspect_checkpoint(spec.model.path))
-        load_s = time.perf_counter() - t0
-    # apply_lora froze the base before FSDP wrapped it; make sure nothing re-enabled a frozen parameter
-    if spec.lora.enabled:
-        for name, p in model.named_parameters():
-            p.requires_grad_(".lora_A." in name or ".lora_B." in name)
-    return model, load_s, nbytes
+    """The whole model (no pipeline), built and initialised or loaded: (model, load seconds, bytes)."""
+    engine = Engine(spec, mesh, device, param_dtype)
+    return engine.parts[0][1], engine.load_s, engine.load_bytes
 
 
 def resolve_param_dtype(spec: RunSpec, device_type: str):
@@ -280,11 +264,12 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         log.event(KEYS.LORA_ALPHA, spec.lora.alpha)
 
     mesh = build_mesh(p, device_type)
-    model, load_s, load_bytes = build_model(spec, mesh, device, resolve_param_dtype(spec, device_type))
-    trainable = [q for q in model.parameters() if q.requires_grad]
+    engine = Engine(spec, mesh, device, resolve_param_dtype(spec, device_type))
+    trainable = engine.trainable
     opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
                             weight_decay=t.weight_decay, foreach=True)
-    dp_rank = mesh.get_local_rank("dp_replicate") * p.dp_shard + mesh.get_local_rank("dp_shard")
+    pp_group = mesh["pp"].get_group() if p.pp > 1 else None
+    dp_rank = mesh["dp"].get_local_rank()
     if device_type == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
@@ -299,7 +284,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     log.event(KEYS.TRAIN_SAMPLES, len(train_split))
     log.event(KEYS.EVAL_SAMPLES, len(val_split))
     sampler = GlobalBatchSampler(len(train_split), t.global_batch_size, t.seed)
-    val_batches = eval_shards(len(val_split), dp_rank, dp, e.batch_size)
+    # a pipeline evaluates in the same micro-batches it trains in
+    eval_bs = t.global_batch_size // dp if p.pp > 1 else e.batch_size
+    val_batches = eval_shards(len(val_split), dp_rank, dp, eval_bs)
     log.start(KEYS.BLOCK_START, samples_count=0, epoch_num=0.0)
 
     tokens_per_step = t.global_batch_size * d.seq_len
@@ -310,24 +297,16 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     step_times: list[float] = []
     status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
     evals_done = 0
-    model.train()
+    engine.train()
     step = 0
     for step in range(1, t.max_steps + 1):
         t_step = time.perf_counter()
         rows = sampler.global_batch(step - 1)
         global_tokens = float(train_split.loss_mask[rows][:, 1:].sum())
-        micro = sampler.local_micro_batches(step - 1, dp_rank, dp, t.micro_batch_size)
-        loss_local = torch.zeros((), device=device)
-        for i, mb in enumerate(micro):
-            ids = train_split.input_ids[mb].to(device, non_blocking=True)
-            mask = train_split.loss_mask[mb].to(device, non_blocking=True)
-            if hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(i == len(micro) - 1)
-            loss_sum = train_loss_sum(model(ids), ids, mask) / global_tokens
-            # FSDP averages gradients over the dp ranks; scale so the result is the global token mean
-            (loss_sum * dp).backward()
-            loss_local += loss_sum.detach()
-        grad_norm = clip_gradients(trainable, t.grad_clip)
+        micro = [(train_split.input_ids[mb], train_split.loss_mask[mb])
+                 for mb in sampler.local_micro_batches(step - 1, dp_rank, dp, t.micro_batch_size)]
+        loss_local = engine.train_step(micro, global_tokens)
+        grad_norm = clip_gradients(trainable, t.grad_clip, pp_group)
         opt.step()
         opt.zero_grad(set_to_none=True)
         for group in opt.param_groups:
@@ -338,8 +317,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         samples = step * t.global_batch_size
 
         if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
-            dist.all_reduce(loss_local)
-            loss_val, lr_used = float(loss_local), lr_at(step - 1, t)
+            dist.all_reduce(loss_local)  # shares add up over dp, cp and pp; tp ranks hold copies
+            loss_val, lr_used = float(loss_local) / p.tp, lr_at(step - 1, t)
             ctx.steps.append({"step": step, "samples": samples, "loss": loss_val, "lr": lr_used,
                               "grad_norm": float(grad_norm), "step_time_s": step_times[-1],
                               "tokens_per_s": tokens_per_step / step_times[-1]})
@@ -352,7 +331,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                 epoch_num = samples / len(train_split)
                 log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
                 log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
-                eval_loss = evaluate(model, val_split, val_batches, device)
+                eval_loss = evaluate(engine, val_split, val_batches, device)
                 evals_done += 1
                 log.event(KEYS.EVAL_ACCURACY, eval_loss, samples_count=samples, epoch_num=epoch_num)
                 log.end(KEYS.EVAL_STOP, samples_count=samples, epoch_num=epoch_num)
@@ -378,10 +357,16 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
     adapter_dir = None
     if spec.lora.enabled:
-        adapters = ckpt.gather_full_state(model, only_adapters=True)
+        adapters = engine.gather(only_adapters=True)
         if rank == 0:
             adapter_dir = str(ctx.out_dir / "adapter")
             ckpt.save_peft_adapter(adapters, spec.lora, adapter_dir, spec.model.path)
+    model_dir = None
+    if t.save_final_model:  # the (base) weights after training, as a Hugging Face checkpoint
+        state = engine.gather(base_only=True)
+        if rank == 0:
+            model_dir = str(ctx.out_dir / "model")
+            ckpt.save_hf_checkpoint(state, spec.model, model_dir)
 
     steady = step_times[1:] if len(step_times) > 1 else step_times
     step_time = statistics.median(steady)
@@ -407,37 +392,40 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "peak_flops": peak,
         "peak_mem_gib": float(peak_mem.item()),
         "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
-        "checkpoint_load_s": load_s,
-        "checkpoint_load_gib": load_bytes / 2**30,
+        "checkpoint_load_s": engine.load_s,
+        "checkpoint_load_gib": engine.load_bytes / 2**30,
         "layout": layout_string(p),
+        "placement": placement(p, int(os.environ.get("LOCAL_WORLD_SIZE", world))),
         "world_size": world,
         "hardware": hw,
         "division": spec.mlperf.division,
         "comparable": spec.mlperf.comparable,
         "mllog": str(ctx.out_dir / "mllog.txt"),
         "adapter": adapter_dir,
+        "model_dir": model_dir,
         "out_dir": str(ctx.out_dir),
         "seed": t.seed,
     }
 
 
 @torch.no_grad()
-def evaluate(model, split, batches, device) -> float:
-    """MLPerf eval loss: mean over all validation sequences of each sequence's mean target loss,
-    summed across ranks with one all-reduce (so every rank gets the same number)."""
-    was_training = model.training
-    model.eval()
-    acc = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of per-seq means, sequences]
+def evaluate(engine, split, batches, device) -> float:
+    """MLPerf eval loss: mean over all validation sequences of each sequence's mean target loss.
+    Every rank adds (sum of its rows' means, its row count) into one all-reduce; ranks that hold
+    copies (TP, the CP group after its own reduction) add identical copies to both terms, and
+    pipeline ranks without the last stage add zeros, so the ratio is the mean over sequences."""
+    engine.train(False)
+    acc = torch.zeros(2, dtype=torch.float64, device=device)
     for idx, weight in batches:
-        ids = split.input_ids[idx].to(device)
-        mask = split.loss_mask[idx].to(device)
-        per_seq, has = per_sequence_loss(model(ids), ids, mask)
-        w = weight.to(device) * has.to(torch.float64)
-        acc[0] += (per_seq.double() * w).sum()
+        rows = engine.eval_batch(split.input_ids[idx], split.loss_mask[idx])
+        if rows is None:
+            continue
+        sums, counts = rows
+        w = weight.to(device) * (counts > 0).to(torch.float64)
+        acc[0] += ((sums.double() / counts.double().clamp(min=1)) * w).sum()
         acc[1] += w.sum()
     dist.all_reduce(acc)
-    if was_training:
-        model.train()
+    engine.train(True)
     return float(acc[0] / acc[1])
 
 

@@ -14,29 +14,46 @@ import torch
 import torch.nn.functional as F
 
 
-def token_losses(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Per-position next-token loss [batch, seq-1]: logits at t predict token t+1. fp32 softmax."""
+def shift_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels, label_mask) aligned with the logits: position t predicts token t+1; the last position
+    predicts nothing. Shifting before any sequence sharding (context parallel) keeps every pair whole."""
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    label_mask = torch.zeros_like(loss_mask)
+    label_mask[:, :-1] = loss_mask[:, 1:]
+    return labels, label_mask
+
+
+def label_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-position cross entropy [batch, seq] in fp32. Vocab-sharded logits (a DTensor under
+    tensor parallel's loss_parallel) are reduced without gathering the vocabulary."""
+    from torch.distributed.tensor import DTensor
+
     v = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), input_ids[:, 1:].reshape(-1),
-                           reduction="none").view(input_ids.shape[0], -1)
+    ce = F.cross_entropy(logits.reshape(-1, v).float(), labels.reshape(-1), reduction="none")
+    if isinstance(ce, DTensor):
+        ce = ce.full_tensor()
+    return ce.view(labels.shape)
 
 
-def target_mask(loss_mask: torch.Tensor) -> torch.Tensor:
-    """loss_mask[t] marks token t as a target; align with token_losses (targets 1..seq-1)."""
-    return loss_mask[:, 1:]
+def masked_loss_sum(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:
+    return (label_losses(logits, labels) * label_mask.to(torch.float32)).sum()
+
+
+def row_loss_sums(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: (sum of target losses, number of targets) -- summable across sequence shards."""
+    m = label_mask.to(torch.float32)
+    return (label_losses(logits, labels) * m).sum(1), m.sum(1)
 
 
 def train_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    m = target_mask(loss_mask).to(torch.float32)
-    return (token_losses(logits, input_ids) * m).sum()
+    return masked_loss_sum(logits, *shift_targets(input_ids, loss_mask))
 
 
 def per_sequence_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss over each sequence's targets [batch], whether the sequence has any target [batch])."""
-    m = target_mask(loss_mask).to(torch.float32)
-    n = m.sum(1)
-    per_seq = (token_losses(logits, input_ids) * m).sum(1) / n.clamp(min=1)
-    return per_seq, n > 0
+    sums, n = row_loss_sums(logits, *shift_targets(input_ids, loss_mask))
+    return sums / n.clamp(min=1), n > 0
 
 
 def eval_loss_from_parts(per_seq: torch.Tensor, has_targets: torch.Tensor) -> float:

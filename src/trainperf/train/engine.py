@@ -1,0 +1,208 @@
+"""The model as this rank holds it -- the whole model, or its pipeline stages -- and how one training
+step, one eval batch and the adapter export run on it under the layout's techniques.
+
+Every rank's loss is its share of the global-batch token sum (divided by the global target-token
+count, scaled by the FSDP averaging factor), so DP, FSDP, HSDP, TP, CP and PP all add up to the
+single-process loss: the distributed tests check it to 1e-4.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainperf.model import checkpoint as ckpt
+from trainperf.model.llama import build_on_meta, init_full_tensor
+from trainperf.model.lora import apply_lora, is_adapter_param
+from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline, stages_per_rank
+from trainperf.specs import RunSpec
+from trainperf.train.loss import masked_loss_sum, row_loss_sums, shift_targets
+
+
+def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
+    """Allocate a (sharded) meta module and give each parameter its layout-independent initial value."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    part.to_empty(device=device)
+    with torch.no_grad():
+        for name, p in part.named_parameters():
+            full = ckpt.to_storage(part, name, init_full_tensor(name, p.shape, spec.model, spec.train.seed, device))
+            if isinstance(p, DTensor):
+                p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
+            else:
+                p.copy_(full)
+
+
+class Engine:
+    def __init__(self, spec: RunSpec, mesh, device: torch.device, param_dtype):
+        self.spec, self.mesh, self.device = spec, mesh, device
+        p = spec.parallel
+        self.pp = p.pp
+        self.scale = loss_scale(p)
+        self.global_tokens = 1.0
+        model = build_on_meta(spec.model)
+        if spec.lora.enabled:
+            apply_lora(model, spec.lora)
+        if p.pp > 1:
+            self.parts = split_for_pipeline(model, p, mesh["pp"].get_local_rank())
+        else:
+            self.parts = [(0, model)]
+        for _, part in self.parts:
+            parallelize(part, p, mesh, spec.train.recompute, spec.train.compile, param_dtype)
+            _materialise(part, spec, device)
+        self.load_s, self.load_bytes = 0.0, 0
+        if spec.model.path:  # untimed: before run_start
+            t0 = time.perf_counter()
+            index = ckpt.inspect_checkpoint(spec.model.path)
+            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index) for _, part in self.parts)
+            self.load_s = time.perf_counter() - t0
+        if spec.lora.enabled:  # only adapters train, whatever a parallel style did to the flags
+            for _, part in self.parts:
+                for name, q in part.named_parameters():
+                    q.requires_grad_(is_adapter_param(name))
+        self.trainable = [q for _, part in self.parts for q in part.parameters() if q.requires_grad]
+        self.schedule = self._pipeline_schedule() if p.pp > 1 else None
+        self._eval_rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._evaluating = False
+
+    # -- contexts ---------------------------------------------------------------------------------
+
+    def _loss_parallel(self):
+        if self.spec.parallel.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _context_parallel(self, buffers: list[torch.Tensor]):
+        """Shard the sequence of every buffer over the CP ranks (load-balanced) and run attention as
+        ring attention inside; buffers are [ids, labels, label_mask] (seq dim 1) and positions (dim 0)."""
+        if self.spec.parallel.cp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.experimental import context_parallel
+
+        return context_parallel(self.mesh["cp"], buffers=buffers, buffer_seq_dims=[1, 1, 1, 0],
+                                no_restore_buffers=set(buffers))
+
+    def _inputs(self, ids: torch.Tensor, mask: torch.Tensor):
+        ids = ids.to(self.device, non_blocking=True)
+        labels, label_mask = shift_targets(ids, mask.to(self.device, non_blocking=True))
+        positions = torch.arange(ids.shape[1], device=self.device)
+        return ids, labels, label_mask.to(torch.float32), positions
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def train(self, mode: bool = True) -> None:
+        for _, part in self.parts:
+            part.train(mode)
+
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], global_tokens: float) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; returns this rank's share of the loss."""
+        self.global_tokens = global_tokens
+        if self.schedule is not None:
+            return self._pipeline_step(micro_batches)
+        model = self.parts[0][1]
+        loss_local = torch.zeros((), device=self.device)
+        for i, (ids, mask) in enumerate(micro_batches):
+            ids, labels, label_mask, positions = self._inputs(ids, mask)
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
+                logits = model(ids, positions if self.spec.parallel.cp > 1 else None)
+                loss = masked_loss_sum(logits, labels, label_mask) / global_tokens
+                (loss * self.scale).backward()
+            loss_local += loss.detach()
+        return loss_local
+
+    # -- pipeline ---------------------------------------------------------------------------------
+
+    def _pipeline_schedule(self):
+        from torch.distributed import pipelining as pl
+
+        p = self.spec.parallel
+        n_stages = p.pp * stages_per_rank(p)
+        group = self.mesh["pp"].get_group()
+        stages = [pl.PipelineStage(part, idx, n_stages, self.device, group=group) for idx, part in self.parts]
+        self.first = any(idx == 0 for idx, _ in self.parts)
+        self.last = any(idx == n_stages - 1 for idx, _ in self.parts)
+        n_micro = self.spec.train.global_batch_size // (
+            p.dp_replicate * p.dp_shard * self.spec.train.micro_batch_size)
+        cls = {"GPipe": pl.ScheduleGPipe, "1F1B": pl.Schedule1F1B, "Interleaved1F1B": pl.ScheduleInterleaved1F1B}[p.pp_schedule]
+        # our loss is already each micro-batch's share of the global sum: no extra 1/n_microbatches
+        stage_arg = stages if p.pp_schedule == "Interleaved1F1B" else stages[0]
+        return cls(stage_arg, n_microbatches=n_micro, loss_fn=self._pipeline_loss, scale_grads=False)
+
+    def _pipeline_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        labels, label_mask = target[..., 0], target[..., 1].to(torch.float32)
+        if self._evaluating:
+            sums, counts = row_loss_sums(logits, labels, label_mask)
+            self._eval_rows.append((sums.detach(), counts))
+            return sums.sum()
+        return masked_loss_sum(logits, labels, label_mask) / self.global_tokens * self.scale
+
+    def _pipeline_batch(self, micro_batches):
+        ids = torch.cat([m[0] for m in micro_batches])
+        mask = torch.cat([m[1] for m in micro_batches])
+        ids, labels, label_mask, _ = self._inputs(ids, mask)
+        return ids, torch.stack([labels, label_mask.to(labels.dtype)], dim=-1)
+
+    def _run_schedule(self, fn, ids, target, losses=None):
+        args = (ids,) if self.first else ()
+        kwargs = {"target": target, "losses": losses} if self.last else {}
+        with self._loss_parallel():
+            fn(*args, **kwargs)
+
+    def _pipeline_step(self, micro_batches) -> torch.Tensor:
+        ids, target = self._pipeline_batch(micro_batches)
+        losses: list[torch.Tensor] = []
+        self._run_schedule(self.schedule.step, ids, target, losses)
+        if self.last and losses:
+            return torch.stack([x.detach() for x in losses]).sum() / self.scale
+        return torch.zeros((), device=self.device)
+
+    # -- eval -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def eval_batch(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-row (sum of target losses, target count) over whole sequences, or None on pipeline
+        ranks without the last stage."""
+        if self.schedule is not None:
+            self._evaluating, self._eval_rows = True, []
+            try:
+                pids, target = self._pipeline_batch([(ids, mask)])
+                self._run_schedule(self.schedule.eval, pids, target, [])
+            finally:
+                self._evaluating = False
+            if not self.last:
+                return None
+            return torch.cat([r[0] for r in self._eval_rows]), torch.cat([r[1] for r in self._eval_rows])
+        model = self.parts[0][1]
+        ids, labels, label_mask, positions = self._inputs(ids, mask)
+        with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
+            sums, counts = row_loss_sums(model(ids, positions if self.spec.parallel.cp > 1 else None), labels, label_mask)
+        if self.spec.parallel.cp > 1:  # each CP rank saw part of every sequence
+            both = torch.stack([sums, counts])
+            dist.all_reduce(both, group=self.mesh["cp"].get_group())
+            sums, counts = both[0], both[1]
+        return sums, counts
+
+    # -- export -----------------------------------------------------------------------------------
+
+    def gather(self, only_adapters: bool = False, base_only: bool = False) -> dict[str, torch.Tensor] | None:
+        """Full tensors from every rank's shards and stages, on global rank 0 (None elsewhere)."""
+        mine: dict[str, torch.Tensor] = {}
+        for _, part in self.parts:
+            mine.update(ckpt.gather_full_state(part, only_adapters=only_adapters, base_only=base_only))
+        if self.pp == 1:
+            return mine if dist.get_rank() == 0 else None
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(mine, gathered, dst=0)  # in-memory transfer between our own ranks
+        if dist.get_rank() != 0:
+            return None
+        merged: dict[str, torch.Tensor] = {}
+        for d in gathered:
+            merged.update(d)
+        return merged
