@@ -345,6 +345,8 @@ def _cuda_available() -> bool:
 def validate_layout(spec: RunSpec) -> None:
     """What each technique needs of the model and the batch."""
     p, m, t, d = spec.parallel, spec.model, spec.train, spec.data
+    if p.sp and p.tp == 1:
+        raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:
         for name, value in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
                             ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):

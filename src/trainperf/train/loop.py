@@ -66,16 +66,21 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
     gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group."""
     from torch.distributed.tensor import DTensor
 
-    grads = [q.grad for q in params if q.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    # grads live on different meshes (FSDP-only vs FSDP x TP): one norm per mesh, then combined
+    by_mesh: dict = {}
+    for q in params:
+        if q.grad is not None:
+            by_mesh.setdefault(q.grad.device_mesh if isinstance(q.grad, DTensor) else None, []).append(q)
+    squared = torch.zeros((), device=params[0].device if params else "cpu")
+    for group in by_mesh.values():
+        n = torch.nn.utils.get_total_norm([q.grad for q in group], norm_type=2.0, foreach=True)
+        squared = squared + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
     if pp_group is not None:
-        norm = norm ** 2
-        dist.all_reduce(norm, group=pp_group)
-        norm = norm.sqrt()
+        dist.all_reduce(squared, group=pp_group)
+    norm = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm
 
 
