@@ -91,6 +91,7 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
             self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
+        self.repeat_kv = False
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -106,8 +107,13 @@ class Attention(nn.Module):
         k = k.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
         v = v.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        gqa = self.n_heads != self.n_kv
+        if gqa and self.repeat_kv:  # context parallel's ring attention takes no enable_gqa
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            gqa = False
         with attention_backends(q.device.type):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 

@@ -206,6 +206,17 @@ def qkv_storage_transforms(model: nn.Module, tp: int) -> dict[str, tuple]:
 
 
 # ---------------------------------------------------------------------------------------------
+# 3. Context parallel
+
+def apply_cp(model: nn.Module) -> None:
+    """Prepare attention for PyTorch's context parallel: the sequence itself is sharded per step by
+    ``context_parallel()`` (train/engine.py), whose ring attention takes no ``enable_gqa`` -- so
+    grouped K/V heads are repeated up front."""
+    for layer in model.model.layers.values():
+        layer.self_attn.repeat_kv = True
+
+
+# ---------------------------------------------------------------------------------------------
 # 4. Activation checkpointing, 5. compile
 
 def _selective_policy():
@@ -276,9 +287,11 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
 
 def parallelize(model: nn.Module, p: ParallelSpec, mesh: DeviceMesh, recompute: str, compile_layers: bool,
                 param_dtype: torch.dtype | None) -> None:
-    """Steps 2, 4, 5, 6 on one model (or one pipeline stage) in place."""
+    """Steps 2-6 on one model (or one pipeline stage) in place."""
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
+    if p.cp > 1:
+        apply_cp(model)
     apply_activation_checkpointing(model, recompute)
     if compile_layers:
         apply_compile(model)

@@ -27,6 +27,10 @@ WORKLOADS: dict[str, Workload] = {
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
                  mini.mini_lora_defaults, mini.prepare_mini_lora),
+        Workload("synthetic-lora",
+                 "Throughput probe: LoRA r16 on a random-weight Llama (Llama-2-7B shape, seq 8192 by default), random "
+                 "tokens, no reachable target (ends as failed); for tokens/s, MFU and memory per layout",
+                 mini.synthetic_lora_defaults, mini.prepare_synthetic),
     )
 }
 

@@ -220,3 +220,43 @@ def prepare_mini_lora(spec: RunSpec) -> dict:
         if spec.eval.target < 0:
             spec.eval.target = round(data_info["optimal_eval_loss"] + LORA_MARGIN, 4)
     return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Throughput probes: any model shape, random weights, random tokens, no reachable target.
+
+def llama2_7b_model() -> ModelSpec:
+    return ModelSpec(name="llama2-7b-shape", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                     num_layers=32, num_heads=32, num_kv_heads=32, max_position_embeddings=8192)
+
+
+def synthetic_lora_defaults() -> RunSpec:
+    return RunSpec(
+        workload="synthetic-lora",
+        model=llama2_7b_model(),
+        lora=LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        train=TrainSpec(micro_batch_size=1, global_batch_size=4, lr=4e-4, weight_decay=1e-4, grad_clip=0.3,
+                        max_steps=20, log_every=1, seed=-1),
+        data=DataSpec(seq_len=8192, train_samples=80, eval_samples=2),
+        eval=EvalSpec(every_samples=10**9, skip_first=0, target=0.0, batch_size=1),
+        mlperf=MLPerfSpec(benchmark="llama2_70b_lora", division="open", comparable=False),
+    )
+
+
+def random_token_dataset(rows: int, eval_rows: int, seq: int, vocab: int) -> Path:
+    key = _key(kind="random", rows=rows, eval=eval_rows, seq=seq, tokens=vocab)
+    with _locked("data") as root:
+        dest = root / f"random-tokens-{key}"
+        if not (dest / "source.json").is_file():
+            g = torch.Generator().manual_seed(0)
+            make = lambda n: TokenSplit(torch.randint(0, vocab, (n, seq), generator=g),  # noqa: E731
+                                        torch.ones(n, seq, dtype=torch.bool))
+            _write_dataset(dest, make(rows), make(eval_rows), {"source": "uniform random tokens",
+                                                               "optimal_eval_loss": float(torch.log(torch.tensor(vocab)))})
+        return dest
+
+
+def prepare_synthetic(spec: RunSpec) -> dict:
+    if spec.data.path is None:
+        spec.data.path = str(random_token_dataset(spec.data.train_samples, spec.data.eval_samples, spec.data.seq_len, spec.model.vocab_size))
+    return {"note": "throughput probe: random weights and tokens, no reachable target; the run ends as failed"}
