@@ -313,6 +313,7 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
         (["parallel.sp=true"], 1, ["parallel.sp=true", "tp > 1"]),
         (["parallel.cp=2", "data.seq_len=66"], 2, ["data.seq_len=66", "2 x parallel.cp = 4"]),
         (["parallel.cp=2", "hardware.device=cpu"], 2, ["parallel.cp > 1", "CUDA", "cp=1 on CPU"]),
+        (["parallel.cp=2", "hardware.dtype=fp32"], 2, ["hardware.dtype=fp32", "bf16"]),
         (["parallel.pp=2", "model.num_layers=3"], 2, ["model.num_layers=3", "2 pipeline stages"]),
         (["parallel.pp=2", "train.micro_batch_size=16"], 2, ["1 micro-batches", "fewer than the 2 pipeline stages"]),
         (["parallel.pp=2", "parallel.pp_schedule=Interleaved1F1B", "parallel.pp_stages_per_rank=1"], 2,

@@ -46,21 +46,23 @@ def test_mini_lora_to_target_with_tp2(tmp_path):
     assert s["status"] == "success"
 
 
-THREE_FP32 = ["--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.seed=7",
-              "--set", "eval.every_samples=100000", "--set", "hardware.dtype=fp32"]
+# bf16: context parallel with fp32 attention hangs in torch 2.11 (specs.py refuses it)
+THREE_STEPS = ["--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.seed=7",
+               "--set", "eval.every_samples=100000"]
 
 
 @pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("workload, extra", [("mini-pretrain", []), ("mini-lora", ["--set", "lora.dropout=0"])])
 def test_context_parallel_matches_one_gpu(tmp_path, workload, extra):
-    """CP=2 (load-balanced ring attention over the sequence) vs CP=1, fp32: same three losses."""
-    out1, ref = run(tmp_path, "run", workload, *THREE_FP32, *extra)
+    """CP=2 (load-balanced ring attention over the sequence) vs CP=1, bf16: same three losses
+    (measured on 2 x H200, torch 2.11: |diff| <= 4e-5 for mini-pretrain)."""
+    out1, ref = run(tmp_path, "run", workload, *THREE_STEPS, *extra)
     assert out1.returncode == 1, out1.stderr[-3000:]
     out2, cp = run(tmp_path, "run", workload, "--nproc-per-node", "2", "--set", "parallel.cp=2",
-                   "--set", "parallel.dp_shard=1", *THREE_FP32, *extra)
+                   "--set", "parallel.dp_shard=1", *THREE_STEPS, *extra)
     assert out2.returncode == 1, out2.stderr[-3000:]
     assert len(cp["losses"]) == 3
-    assert max(abs(a - b) for a, b in zip(cp["losses"], ref["losses"])) < 1e-4, (cp["losses"], ref["losses"])
+    assert max(abs(a - b) for a, b in zip(cp["losses"], ref["losses"])) < 1e-3, (cp["losses"], ref["losses"])
 
 
 @pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")

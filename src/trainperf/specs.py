@@ -363,6 +363,9 @@ def validate_layout(spec: RunSpec) -> None:
             raise SpecError(f"data.seq_len={d.seq_len} is not divisible by 2 x cp x tp = {2 * p.cp * p.tp}")
         if p.pp > 1:
             raise SpecError("parallel.cp > 1 together with parallel.pp > 1 is not supported yet; use one of them")
+        if spec.hardware.dtype == "fp32":
+            raise SpecError("parallel.cp > 1 with hardware.dtype=fp32 hangs in PyTorch's ring attention "
+                            "(fp32 takes the memory-efficient kernel; seen on torch 2.11 + H200); use hardware.dtype=auto (bf16)")
         if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
             raise SpecError("parallel.cp > 1 needs CUDA GPUs: in torch 2.13 context parallel attention has no "
                             "CPU kernels (no backward); use cp=1 on CPU")
