@@ -138,6 +138,9 @@ def _print_summary(summary: dict) -> None:
                 f"process), {summary['model_tflops_per_gpu']:.3f} model TFLOP/s per process, MFU "
                 + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a (no peak FLOP/s known for this device)"))
         c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
+    if summary.get("layout"):
+        where = ", ".join(f"{k} {v}" for k, v in (summary.get("placement") or {}).items())
+        c.print(f"  layout         {summary['layout']} on {summary.get('world_size')} processes" + (f" ({where})" if where else ""))
     c.print(f"  mllog          {summary['mllog']}")
 
 
