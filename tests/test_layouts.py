@@ -1,7 +1,7 @@
 """Every CPU-runnable parallel layout computes the same training as one process (gloo, 2-4 ranks).
 
 For each layout, with LoRA (mini-lora) and without (mini-pretrain), three optimizer steps through the
-CLI: the per-step losses match the single-process run within 1e-4 (fp32); with LoRA the frozen base
+CLI: the per-step losses match the single-process run within 1e-4 (fp32), and so does the eval loss after step 2; with LoRA the frozen base
 weights after training are bit-identical to the checkpoint, every adapter B matrix moved off zero,
 and the exported PEFT adapter matches the single-process one. Context parallel needs CUDA (torch
 2.13 has no CPU kernels for its attention backward): see tests/test_gpu.py.
@@ -22,8 +22,10 @@ from conftest import trainperf_cmd
 
 pytestmark = pytest.mark.slow
 
+# one eval after step 2 (32 samples): the eval path (padding, all-reduce, pipeline eval) is compared too
 COMMON = ["--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.seed=7",
-          "--set", "eval.every_samples=100000", "--set", "hardware.device=cpu", "--set", "train.save_final_model=true"]
+          "--set", "eval.every_samples=32", "--set", "eval.skip_first=0", "--set", "hardware.device=cpu",
+          "--set", "train.save_final_model=true"]
 WORKLOAD_SETS = {
     "mini-lora": ["--set", "lora.dropout=0"],  # dropout streams differ per rank by design
     "mini-pretrain": [],
@@ -76,6 +78,8 @@ def assert_same_training(run: dict, ref: dict) -> None:
     assert ref["losses"][0] > ref["losses"][2]  # the reference does learn
     diff = max(abs(a - b) for a, b in zip(run["losses"], ref["losses"]))
     assert diff < 1e-4, (run["layout"], run["losses"], ref["losses"])
+    assert [e["samples_count"] for e in run["evals"]] == [e["samples_count"] for e in ref["evals"]] == [32]
+    assert abs(run["evals"][0]["eval_loss"] - ref["evals"][0]["eval_loss"]) < 1e-4, (run["evals"], ref["evals"])
     if run["spec"]["lora"]["rank"] == 0:
         return
     base = load_file(str(Path(run["spec"]["model"]["path"]) / "model.safetensors"))

