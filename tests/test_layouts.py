@@ -131,3 +131,13 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
     s = json.loads(out.stdout)
     assert s["status"] == "success" and s["final_eval_loss"] <= s["target"]
     assert s["placement"] == {"tp": "intra-node"}
+
+
+@pytest.mark.parametrize("recompute, nproc, layout", [
+    ("full", 1, ["parallel.dp_shard=1"]),
+    ("selective", 2, ["parallel.tp=2", "parallel.sp=true", "parallel.dp_shard=1"]),
+])
+def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
+    run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
+    assert run["spec"]["train"]["recompute"] == recompute
+    assert_same_training(run, references("mini-lora"))
