@@ -187,30 +187,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
         raise SpecError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise SpecError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise SpecError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise SpecError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise SpecError(f"{key}: expected a number, got {value!r}")
+    if tp in (int, float):
+        what = "an integer" if tp is int else "a number"
+        if not isinstance(value, bool):  # bool is an int subclass, never a count
+            if isinstance(value, (int, float)) and (tp is float or float(value).is_integer()):
+                return tp(value)
+            if isinstance(value, str):
+                try:
+                    return tp(value)
+                except ValueError:
+                    pass
+        raise SpecError(f"{key}: expected {what}, got {value!r}")
     if tp is str:
         if isinstance(value, (dict, list)):
             raise SpecError(f"{key}: expected a string, got {value!r}")
