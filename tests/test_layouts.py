@@ -141,3 +141,12 @@ def test_activation_checkpointing_changes_nothing(tmp_path, references, recomput
     run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
     assert run["spec"]["train"]["recompute"] == recompute
     assert_same_training(run, references("mini-lora"))
+
+
+def test_sharded_checkpoint_load_reads_only_local_blocks(tmp_path, references):
+    """Under FSDP each rank reads its own rows of every tensor straight from the safetensors file."""
+    run = run_three_steps(tmp_path, "mini-lora", 2, LAYOUTS["fsdp"][1])
+    ref = references("mini-lora")
+    read = json.loads((Path(run["out_dir"]) / "summary.json").read_text())["checkpoint_load_gib"]
+    full = json.loads((Path(ref["out_dir"]) / "summary.json").read_text())["checkpoint_load_gib"]
+    assert 0 < read <= 0.55 * full, (read, full)

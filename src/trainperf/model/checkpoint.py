@@ -170,15 +170,21 @@ def split_qkv(qkv: torch.Tensor, hf_config: dict) -> tuple[torch.Tensor, torch.T
 class _TensorReader:
     """Reads full tensors by name, keeping one open handle per shard file."""
 
-    def __init__(self, index: CheckpointIndex):
-        self.index = index
+    def __init__(self, index: CheckpointIndex, model: torch.nn.Module | None = None):
+        self.index, self.model = index, model
         self._handles: dict[Path, object] = {}
 
-    def get(self, name: str) -> torch.Tensor:
+    def _handle(self, name: str):
         f = self.index.tensors[name][0]
         if f not in self._handles:
             self._handles[f] = safe_open(str(f), framework="pt")
-        return self._handles[f].get_tensor(name)
+        return self._handles[f]
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handle(name).get_tensor(name)
+
+    def get_slice(self, name: str):
+        return self._handle(name).get_slice(name)
 
     def full_tensor_for(self, param_name: str) -> torch.Tensor:
         """The checkpoint's tensor for one of our parameter names, fusing or splitting q/k/v."""
@@ -207,17 +213,40 @@ def from_storage(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch
     return fns[1](full) if fns else full
 
 
+def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | None:
+    """This rank's block of a plainly sharded parameter, read straight from the file (a byte-range
+    read: no rank reads the whole tensor). None when the block is not one rectangle of the stored
+    tensor -- strided (FSDP x TP) sharding, a TP row order, or q/k/v fused or split on load."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(param, DTensor) or name not in reader.index.tensors:
+        return None
+    if name in getattr(reader.model, "_storage_transforms", {}):
+        return None
+    if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
+        return None
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return reader.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
 def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
     """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
 
-    LoRA adapter parameters are not in a base checkpoint and are left as initialised."""
+    Each rank reads only its own block where the sharding allows it, else one full tensor at a
+    time (never the whole model). LoRA adapters are not in a base checkpoint: left as initialised."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    reader = _TensorReader(index)
+    reader = _TensorReader(index, model)
     nbytes = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".lora_A." in name or ".lora_B." in name:
+                continue
+            local = _local_slice(reader, name, param)
+            if local is not None:
+                nbytes += local.numel() * local.element_size()
+                param.to_local().copy_(local)
                 continue
             full = to_storage(model, name, reader.full_tensor_for(name))
             nbytes += full.numel() * full.element_size()
