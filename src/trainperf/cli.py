@@ -51,6 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     _run_args(p)
     _common(p)
 
+    p = sub.add_parser("plan", help="rank every layout for N GPUs by predicted time (no GPU needed)",
+                       description="Top-down estimate of memory, communication and step time for every valid "
+                                   "layout of WORKLOAD on N GPUs; ranks those that fit.")
+    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
+    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200 | a YAML file of GPU fields")
+    p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
+    p.add_argument("--objective", choices=["time", "throughput"], default="time",
+                   help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
+    p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
+    _common(p)
+
     p = sub.add_parser("workloads", help="list workloads", description="List the workloads with one-line descriptions.")
     _common(p)
 
@@ -77,6 +93,66 @@ def _bad_input(msg: str, as_json: bool) -> int:
 
 def _interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def cmd_plan(args) -> int:
+    from trainperf.plan.hardware import load_gpu
+    from trainperf.plan.search import explain, plan
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads import get_workload
+
+    try:
+        gpu = load_gpu(args.gpu)
+        base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+        per_node = args.gpus_per_node or min(args.gpus, 8)
+        fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective)
+    except SpecError as exc:
+        return _bad_input(str(exc), args.json)
+    rows = [{"id": c.id, "set": c.set_line, "step_time_s": c.est.step_time_s,
+             "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
+             "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
+             "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
+             "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
+    if args.json:
+        print(json.dumps({"gpu": gpu.name, "gpus": args.gpus, "gpus_per_node": per_node, "ranked": rows,
+                          "fitting": len(fits), "not_fitting": len(oom),
+                          "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
+                         indent=2))
+        return EXIT_OK if fits else EXIT_FAILED
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if Console().is_terminal else 200)
+    table = Table(title=f"trainperf plan: {args.workload} on {args.gpus} x {gpu.name} ({per_node} per node) -- "
+                        f"{len(fits)} layouts fit, {len(oom)} do not")
+    for col in ("id", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
+                "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+        table.add_column(col, justify="right")
+    for c in fits[:args.top]:
+        o = c.overrides
+        cells = [c.id, str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
+                 str(o["parallel.pp"]), o["parallel.pp_schedule"] if o["parallel.pp"] > 1 else "-",
+                 str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
+                 o["train.recompute"], f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
+                 f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
+        if c.time_to_train_s:
+            cells.append(f"{c.time_to_train_s / 60:.1f}")
+        table.add_row(*cells)
+    console.print(table)
+    if not fits:
+        console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "
+                      f"{gpu.hbm_gib:.0f} GiB ({oom[0].set_line})")
+        return EXIT_FAILED
+    launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
+              f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")
+    console.print(f"run the best: {launch} {fits[0].set_line}")
+    if args.explain:
+        best = fits[0]
+        terms = ", ".join(f"{k} {v:.3f}s" for k, v in sorted(best.est.time.items(), key=lambda kv: -kv[1]) if v > 0)
+        console.print(f"{best.id} step time: {terms}")
+        for c in fits[1:args.top]:
+            console.print("  " + explain(best, c))
+    return EXIT_OK
 
 
 def cmd_workloads(args) -> int:
@@ -198,7 +274,7 @@ def cmd_demo(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_ARGV)
-    handlers = {"run": cmd_run, "workloads": cmd_workloads, "report": cmd_report, "demo": cmd_demo}
+    handlers = {"run": cmd_run, "plan": cmd_plan, "workloads": cmd_workloads, "report": cmd_report, "demo": cmd_demo}
     return handlers[args.command](args)
 
 

@@ -1,0 +1,195 @@
+"""The planner's cost model: memory, communication and time per GPU for one layout, top-down.
+
+Every term names its source. Notation: L layers, h hidden, h_kv = kv_heads·head_dim, F intermediate,
+V vocab, S sequence, b micro-batch, t tp, c cp, p pp, v stages per pipeline rank, d = dp_shard·cp
+(the FSDP group), R = dp_replicate, m = micro-batches per step per data-parallel rank.
+
+The memory terms follow this engine (trainperf's FSDP2 keeps fp32 master copies of *every*
+parameter, frozen ones included, and gathers bf16 copies to compute) and were checked against
+torch.cuda.max_memory_allocated on 2 x H200 (docs/PLANNER.md): 1 GPU, DDP, FSDP2, TP2+SP, CP2, PP2,
+full recompute, all within 4%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainperf.parallel.parallelize import stages_per_rank
+from trainperf.plan.hardware import GPU
+from trainperf.specs import RunSpec
+from trainperf.train import metrics
+
+GIB = 2**30
+FIXED_CONTEXT_GIB = 2.0  # CUDA context + NCCL communicator buffers (Megatron estimator's "overhead")
+FRAGMENTATION = 0.05  # caching-allocator slack on top of what is allocated
+
+
+@dataclass
+class Estimate:
+    memory: dict[str, float] = field(default_factory=dict)  # bytes per GPU by component (allocated)
+    comm: dict[str, float] = field(default_factory=dict)  # bytes per GPU per step by dimension
+    time: dict[str, float] = field(default_factory=dict)  # seconds per step by term
+    step_time_s: float = 0.0
+    tokens_per_s_per_gpu: float = 0.0
+    mfu: float = 0.0
+    fits: bool = True
+
+    @property
+    def allocated_gib(self) -> float:
+        return sum(self.memory.values()) / GIB
+
+    @property
+    def reserved_gib(self) -> float:
+        """What the process needs from the device: allocated + fragmentation + fixed context."""
+        return self.allocated_gib * (1 + FRAGMENTATION) + FIXED_CONTEXT_GIB
+
+
+def layer_params(spec: RunSpec) -> float:
+    """One decoder layer: its seven projections and two RMSNorm weights."""
+    m = spec.model
+    lin = metrics.linear_params(m)
+    return (sum(lin.values()) - lin["lm_head"]) / m.num_layers + 2 * m.hidden_size
+
+
+def _lora_dropout_bytes_per_token_layer(spec: RunSpec, t: int, sp: bool) -> float:
+    """LoRA with dropout saves dropout(x) (2 B) and its mask (1 B) for every adapted projection.
+    Column-parallel inputs are the full (gathered) activation; row-parallel inputs are sharded."""
+    lo, m = spec.lora, spec.model
+    if not lo.enabled or lo.dropout == 0:
+        return 0.0
+    q_out = m.num_heads * m.head_dim
+    inputs = {"q_proj": (m.hidden_size, 1), "k_proj": (m.hidden_size, 1), "v_proj": (m.hidden_size, 1),
+              "qkv_proj": (m.hidden_size, 1), "o_proj": (q_out, t), "gate_proj": (m.hidden_size, 1),
+              "up_proj": (m.hidden_size, 1), "down_proj": (m.intermediate_size, t)}
+    return sum(3.0 * inputs[name][0] / inputs[name][1] for name in lo.target_modules)
+
+
+def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None) -> float:
+    """Saved activations per token per layer, bf16, flash attention (no S^2 term).
+    Llama adaptation of Korthikanti et al. 2022 (arXiv 2205.05198, Table 2), planner_anchors 2.4:
+    A_tok = 2(6h + 2h_kv + 3F); TP without SP keeps the 4h norm tensors whole; with SP all / t.
+    selective (recompute pointwise ops): norm outputs and SiLU(g)*u are recomputed, the o/down
+    projection outputs are kept -> 2(6h + 2h_kv + 2F). full: the layer input only, 2h (/t with SP)."""
+    m, p = spec.model, spec.parallel
+    h, h_kv, f = m.hidden_size, m.num_kv_heads * m.head_dim, m.intermediate_size
+    t, sp = p.tp, p.sp and p.tp > 1
+    mode = recompute or spec.train.recompute
+    if mode == "full":
+        return 2.0 * h / (t if sp else 1)
+    ff = 3 * f if mode == "none" else 2 * f
+    if sp:
+        a = 2.0 * (6 * h + 2 * h_kv + ff) / t
+    else:
+        a = 2.0 * 4 * h + 2.0 * (2 * h + 2 * h_kv + ff) / t
+    return a + _lora_dropout_bytes_per_token_layer(spec, t, sp)
+
+
+def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
+    m, p, tr, lo = spec.model, spec.parallel, spec.train, spec.lora
+    t, c, pp, R = p.tp, p.cp, p.pp, p.dp_replicate
+    d = p.dp_shard * c
+    dp = R * p.dp_shard
+    v = stages_per_rank(p) if pp > 1 else 1
+    S, b = spec.data.seq_len, tr.micro_batch_size
+    mb = tr.global_batch_size // (dp * b)
+    L, h, V = m.num_layers, m.hidden_size, m.vocab_size
+    L_rank = L / pp
+    tokens_mb = b * S / c  # tokens of one micro-batch on this GPU's sequence shard
+    est = Estimate()
+
+    # ---- parameters on this rank (worst pipeline rank: the first holds the embedding, the last
+    # the LM head; both are V*h, so either is the worst)
+    p_layer = layer_params(spec)
+    p_edge = V * h if pp > 1 else 2 * V * h
+    psi = L_rank * p_layer + p_edge  # before TP and FSDP
+    psi_train = metrics.lora_params(m, lo) / pp if lo.enabled else psi
+    # ---- memory (bytes per GPU); ZeRO paper (arXiv 1910.02054) accounting adapted to FSDP2
+    est.memory["weights_fp32_master"] = 4.0 * psi / (t * d)
+    gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
+    # + the root's LM head, never resharded after forward (backward needs it first)
+    est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t
+    est.memory["grads_fp32"] = 4.0 * psi_train / (t * d)
+    est.memory["grads_bf16_unsharded"] = 0.0 if lo.enabled else 2.0 * 2 * p_layer / t
+    est.memory["optimizer_adamw_fp32"] = 8.0 * psi_train / (t * d)
+    # in-flight micro-batches on the worst (first) stage: Narayanan et al. 2021 / Megatron
+    # theoretical_memory_usage.py: 1F1B holds p of them (its L/p layers), GPipe all m
+    if pp == 1:
+        inflight_layers = L
+    elif p.pp_schedule == "GPipe":
+        inflight_layers = L_rank * mb
+    else:
+        inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
+    est.memory["activations"] = activation_bytes_per_token_layer(spec) * tokens_mb * inflight_layers
+    if tr.recompute == "full":  # one layer's full set is live while it is recomputed
+        est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
+    # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
+    est.memory["logits_and_loss"] = 10.0 * tokens_mb * V / t
+
+    # ---- compute time per micro-batch per pipeline stage (seconds)
+    # the slowest stage is the last: its layers plus the LM head (the embedding is a lookup)
+    n_lin_rank = (L_rank * (p_layer - 2 * h) + V * h) / t
+    lin_mult = 4.0 if lo.enabled else 6.0  # frozen base: forward + input gradient only
+    flops_lin = lin_mult * n_lin_rank * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb
+    flops_attn = 3.0 * 2.0 * S * m.num_heads * m.head_dim * L_rank / t * tokens_mb
+    peak = gpu.bf16_tflops * 1e12
+    t_lin = flops_lin / (peak * gpu.gemm_eff)
+    attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
+    t_attn = flops_attn / (peak * attn_eff)
+    t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank
+    t_recompute = 0.0
+    if tr.recompute == "full":  # the forward again: half the frozen-base GEMMs (1/3 if full training)
+        t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
+    elif tr.recompute == "selective":
+        t_recompute = t_other / 3
+    t_tp = 0.0
+    if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
+        a_bytes = b * (S / c) * h * 2.0
+        tp_bytes = 8 * (t - 1) / t * a_bytes * L_rank
+        est.comm["tp"] = tp_bytes * mb
+        t_tp = tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * L_rank * (tokens_mb / 8192)
+    t_cp = 0.0
+    if c > 1:  # ring attention: 3 (c-1) KV chunks per layer (Megatron context_parallel.md)
+        kv = 2.0 * b * (S / c) * m.num_kv_heads * m.head_dim * 2.0 * (m.num_heads // m.num_kv_heads)
+        cp_bytes = 3 * (c - 1) * kv * L_rank
+        est.comm["cp"] = cp_bytes * mb
+        t_cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * t_attn)
+    t_micro = t_lin + t_attn + t_other + t_recompute + t_tp + t_cp
+    est.time.update(gemm=t_lin * mb, attention=t_attn * mb, elementwise=t_other * mb, recompute=t_recompute * mb,
+                    tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)
+
+    # ---- FSDP / DP traffic per step and what of it is exposed
+    t_fsdp = 0.0
+    if d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
+        gather = 2 * (d - 1) / d * 2.0 * (L_rank * p_layer + p_edge) / t
+        rs = (d - 1) / d * 4.0 * psi_train / t
+        fsdp_bytes = (gather + rs) * mb
+        est.comm["fsdp"] = fsdp_bytes
+        t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard) - gpu.comm_overlap * t_micro * mb)
+    t_dp = 0.0
+    if R > 1:  # HSDP replicas all-reduce the (sharded) fp32 grads once per step
+        dp_bytes = 2 * (R - 1) / R * 4.0 * psi_train / (t * d)
+        est.comm["dp"] = dp_bytes
+        t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R) - gpu.comm_overlap * t_micro)
+    t_pp = 0.0
+    t_bubble = 0.0
+    if pp > 1:  # 1F1B/GPipe bubble (p-1)/m, interleaved (p-1)/(v m): Narayanan et al. 2021 2.2
+        t_bubble = (pp - 1) / (v * mb) * t_micro * mb
+        pp_bytes = 2 * mb * v * b * (S / c) * h * 2.0 / (t if p.sp else 1)
+        est.comm["pp"] = pp_bytes
+        t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
+    t_opt = 16.0 * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)  # AdamW: memory-bound over local shards
+    est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
+    est.step_time_s = sum(est.time.values())
+    world = dp * t * c * pp
+    tokens_step = tr.global_batch_size * S
+    est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world
+    flops_tok = metrics.train_flops_per_token(m, lo, S)
+    est.mfu = flops_tok * est.tokens_per_s_per_gpu / peak
+    est.fits = est.reserved_gib <= gpu.hbm_gib
+    return est
+
+
+def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:
+    """busbw (bytes/s) of a group whose ranks span ``span`` consecutive GPUs: NVLink inside a node,
+    the NIC once the group crosses nodes."""
+    return (gpu.intra_busbw_gbps if span <= gpus_per_node else gpu.inter_busbw_gbps) * 1e9

@@ -1,0 +1,77 @@
+"""GPU presets for the planner, and the YAML form that overrides them.
+
+Datasheet peaks are dense (no 2:4 sparsity). Bus bandwidths are nccl-tests busbw per GPU: what a
+collective actually sustains, not the link's marketing figure. Efficiencies are the fraction of peak
+the engine reaches on each kind of work; the H200 values are fitted to runs measured on 2026-11-30
+(shared/research/h200_measurements.md; docs/PERFORMANCE.md) and the other GPUs inherit them until a
+measurement says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainperf.specs import SpecError
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    bf16_tflops: float  # dense peak
+    fp8_tflops: float
+    hbm_gib: float  # usable device memory
+    hbm_tbps: float  # achievable HBM copy bandwidth, TB/s (bytes read + written)
+    intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
+    inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
+    gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
+    attn_eff: float = 0.29  # H200: SDPA flash fwd+bwd 286 of 989 at seq 8192 (measured)
+    # Eager non-GEMM work (norms, RoPE, SiLU, casts, dropout, residuals), seconds per token per layer
+    # per unit of hidden size; fitted to the 7B-shape LoRA step on one H200 (0.708 s at seq 8192).
+    other_s_per_token_layer_h: float = 2.34e-10
+    # Eager DTensor tensor parallel: extra seconds per layer per 8192-token micro-batch beyond its
+    # collectives (dispatch, redistributes); fitted to the TP2+SP run on 2 x H200.
+    tp_overhead_s_per_layer: float = 0.021
+    # Ring attention (context parallel) runs its chunked kernels this much slower than one
+    # whole-sequence kernel; fitted to the CP2 run on 2 x H200.
+    cp_attn_slowdown: float = 2.3
+    comm_overlap: float = 0.8  # fraction of FSDP/DP/CP traffic hidden under compute
+
+
+PRESETS: dict[str, GPU] = {
+    "h200": GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40),
+    "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40),
+    "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20),
+    "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),
+}
+
+
+def load_gpu(name_or_file: str) -> GPU:
+    """A preset name, or a YAML file of GPU fields (optionally ``base: h200`` to start from one)."""
+    key = name_or_file.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    p = Path(name_or_file)
+    if not p.is_file():
+        raise SpecError(f"--gpu {name_or_file!r}: not a preset ({', '.join(PRESETS)}) nor a YAML file")
+    import yaml
+
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"--gpu {name_or_file!r}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--gpu {name_or_file!r}: expected a mapping of GPU fields")
+    base = PRESETS.get(str(data.pop("base", "h200")).lower())
+    if base is None:
+        raise SpecError(f"--gpu {name_or_file!r}: base must be one of {', '.join(PRESETS)}")
+    fields = {f.name: f.type for f in dataclasses.fields(GPU)}
+    bad = sorted(set(data) - set(fields))
+    if bad:
+        raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
+    try:
+        values = {k: (str(v) if k == "name" else float(v)) for k, v in data.items()}
+    except (TypeError, ValueError):
+        raise SpecError(f"--gpu {name_or_file!r}: every field but name must be a number") from None
+    return dataclasses.replace(base, **values)

@@ -1,0 +1,124 @@
+"""Enumerate every valid layout for N GPUs, estimate each, drop what does not fit, rank, explain."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from trainperf.plan.costs import Estimate, estimate
+from trainperf.plan.hardware import GPU
+from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, validate_layout
+
+
+@dataclass
+class Candidate:
+    overrides: dict[str, object]  # the --set values that make this layout
+    spec: RunSpec
+    est: Estimate
+    time_to_train_s: float | None = None
+    id: str = ""
+
+    @property
+    def set_line(self) -> str:
+        return " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.overrides.items())
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int):
+    """Every (pp, dp_replicate, dp_shard, cp, tp, sp, schedule, micro-batch, recompute) the engine
+    accepts for this model on ``gpus`` GPUs, TP kept inside a node."""
+    gbs = base.train.global_batch_size
+    for tp in divisors(gpus):
+        if tp > gpus_per_node:
+            continue
+        for cp in divisors(gpus // tp):
+            for pp in divisors(gpus // (tp * cp)):
+                if cp > 1 and pp > 1:
+                    continue
+                dp = gpus // (tp * cp * pp)
+                for rep in divisors(dp):
+                    for sp in ([True, False] if tp > 1 else [False]):
+                        for sched in (PP_SCHEDULES if pp > 1 else ("1F1B",)):
+                            for mbs in (1, 2, 4, 8):
+                                if gbs % (dp * mbs):
+                                    continue
+                                for rc in RECOMPUTE_MODES:
+                                    yield {"parallel.tp": tp, "parallel.sp": sp, "parallel.cp": cp, "parallel.pp": pp,
+                                           "parallel.pp_schedule": sched, "parallel.dp_replicate": rep,
+                                           "parallel.dp_shard": dp // rep, "train.micro_batch_size": mbs,
+                                           "train.recompute": rc}
+
+
+def _apply(base: RunSpec, overrides: dict) -> RunSpec:
+    """A shallow copy with new parallel/train/hardware sections (thousands of candidates: no deep copies)."""
+    by_section: dict[str, dict] = {"hardware": {"device": "cuda"}}
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        by_section.setdefault(section, {})[name] = value
+    return dataclasses.replace(base, **{sec: dataclasses.replace(getattr(base, sec), **vals)
+                                        for sec, vals in by_section.items()})
+
+
+def rcp_samples(spec: RunSpec) -> float | None:
+    """Mean samples-to-converge of the MLPerf reference convergence points for this benchmark and
+    GBS (mlperf_logging rcp_checker, training 5.1.0), None when there is no RCP for it."""
+    if not spec.mlperf.benchmark or not spec.mlperf.comparable:
+        return None
+    import mlperf_logging
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_5.1.0",
+                        f"rcps_{spec.mlperf.benchmark}.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        for record in json.load(fh).values():
+            if record.get("BS") == spec.train.global_batch_size:
+                return statistics.mean(record["samples to converge"])
+    return None
+
+
+def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
+         objective: str = "time") -> tuple[list[Candidate], list[Candidate]]:
+    """(fitting candidates ranked best first, candidates that do not fit)."""
+    if gpus < 1 or gpus_per_node < 1:
+        raise SpecError("--gpus and --gpus-per-node must be >= 1")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise SpecError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
+    samples = samples or rcp_samples(base)
+    fits, oom = [], []
+    for overrides in candidate_layouts(base, gpus, gpus_per_node):
+        spec = _apply(base, overrides)
+        try:
+            validate_layout(spec)
+        except SpecError:
+            continue
+        est = estimate(spec, gpu, gpus_per_node)
+        cand = Candidate(overrides, spec, est)
+        if samples:
+            cand.time_to_train_s = samples / spec.train.global_batch_size * est.step_time_s
+        (fits if est.fits else oom).append(cand)
+    if not fits and not oom:
+        raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "
+                        "batch size admit none)")
+    # ties (e.g. micro-batch sizes the model cannot tell apart) go to the layout needing less memory
+    key = (lambda c: (-c.est.tokens_per_s_per_gpu, c.est.reserved_gib)) if objective == "throughput" or not samples \
+        else (lambda c: (c.time_to_train_s, c.est.reserved_gib))
+    fits.sort(key=key)
+    oom.sort(key=lambda c: c.est.reserved_gib)
+    for i, c in enumerate(fits, 1):
+        c.id = f"P{i}"
+    return fits, oom
+
+
+def explain(winner: Candidate, loser: Candidate) -> str:
+    """Which time term costs the loser most against the winner."""
+    diffs = {k: loser.est.time.get(k, 0.0) - winner.est.time.get(k, 0.0) for k in set(winner.est.time) | set(loser.est.time)}
+    term, extra = max(diffs.items(), key=lambda kv: kv[1])
+    return (f"{loser.id} is {loser.est.step_time_s - winner.est.step_time_s:+.3f} s/step slower, mostly {term} "
+            f"({extra:+.3f} s)")
