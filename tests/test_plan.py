@@ -125,14 +125,46 @@ def test_plan_cli_json_and_1024_gpus_in_seconds(tmp_path):
     seventy = ["--set", "model.hidden_size=8192", "--set", "model.intermediate_size=28672", "--set", "model.num_layers=80",
                "--set", "model.num_heads=64", "--set", "model.num_kv_heads=8", "--set", "train.global_batch_size=1024"]
     t0 = time.perf_counter()
-    out = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "1024", "--top", "3", "--json", "--explain", *seventy),
+    out = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "1024", "--top", "3", "--json", "--explain",
+                                       "--db", str(tmp_path / "t.db"), *seventy),
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
     assert data["gpus_per_node"] == 8 and len(data["ranked"]) == 3 and data["fitting"] > 0
-    assert data["ranked"][0]["id"] == "P1" and len(data["explain"]) == 2
+    assert data["ranked"][0]["id"].endswith(":P1") and len(data["explain"]) == 2
     assert wall < 30
     bad = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "2", "--gpu", "nope"), cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("trainperf: error:")
+
+
+def test_predicted_oom_is_refused_before_launch():
+    from trainperf.plan.costs import check_memory
+
+    seventy = spec_for("model.num_layers=80", "model.hidden_size=8192", "model.intermediate_size=28672",
+                       "model.num_heads=64", "model.num_kv_heads=8", "parallel.dp_shard=1", "train.global_batch_size=1")
+    with pytest.raises(SpecError, match="predicted peak memory .* exceeds the 79 GiB") as info:
+        check_memory(seventy, PRESETS["h100"], 8)
+    assert "\n" not in str(info.value) and "hardware.memory_check=false" in str(info.value)
+    seven = spec_for("parallel.dp_shard=1", "train.global_batch_size=1")
+    assert check_memory(seven, PRESETS["h200"], 8).fits  # measured 73.2 GiB on an H200: it fits
+
+
+def test_layout_from_plan_runs_the_planned_layout(tmp_path):
+    db = ["--db", str(tmp_path / "t.db")]
+    out = subprocess.run(trainperf_cmd("plan", "mini-pretrain", "--gpus", "2", "--top", "2", "--json", *db),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    best = json.loads(out.stdout)["ranked"][0]
+    run = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--layout-from-plan", best["id"], "--json", *db,
+                                       "--set", "hardware.device=cpu", "--out", str(tmp_path / "runs")),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    assert summary["world_size"] == 2 and "dp_shard=2" in summary["layout"]
+    wrong = subprocess.run(trainperf_cmd("run", "mini-lora", "--layout-from-plan", best["id"], *db), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "planned for 'mini-pretrain'" in wrong.stderr
+    missing = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--layout-from-plan", "nope:P1", *db), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such plan" in missing.stderr

@@ -266,3 +266,24 @@ def test_reopen_does_not_remigrate(db):
     assert s.schema_version == SCHEMA_VERSION
     assert s.get_run("r1")["status"] == "running"
     s.close()
+
+
+def test_v1_store_migrates_to_current_schema_keeping_runs(tmp_path, monkeypatch):
+    """An older store gains the new tables/columns on open; nothing already stored is lost."""
+    import trainperf.store.db as db
+
+    path = tmp_path / "old.db"
+    monkeypatch.setattr(db, "SCHEMA_VERSION", 1)
+    old = db.Store(path)
+    old.create_run("r1", "mini-lora", {"a": 1}, "dp_shard=1", 1, "open", False, 0.9, str(tmp_path))
+    old.finish_run("r1", status="success", time_to_train_s=3.5)
+    assert old.schema_version == 1
+    old.close()
+    monkeypatch.setattr(db, "SCHEMA_VERSION", SCHEMA_VERSION)
+    new = db.Store(path)
+    assert new.schema_version == SCHEMA_VERSION >= 2
+    run = new.get_run("r1")
+    assert run["status"] == "success" and run["time_to_train_s"] == 3.5 and run["predicted_step_time_s"] is None
+    new.save_plan([{"plan_id": "x:P1", "workload": "mini-lora", "gpus": 2, "gpus_per_node": 2, "gpu": "H200",
+                    "overrides": {"parallel.tp": 2}, "predicted": {"step_time_s": 1.0}}])
+    assert new.get_plan("x:P1")["overrides"] == {"parallel.tp": 2}

@@ -37,8 +37,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one spec value (repeatable), e.g. --set train.global_batch_size=32")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="processes to launch with torchrun (default 1)")
+    p.add_argument("--nproc-per-node", type=int, default=0,
+                   help="processes to launch with torchrun (default 1, or the plan's GPU count)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +110,22 @@ def cmd_plan(args) -> int:
         fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective)
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
+    import secrets
+
+    from trainperf.store.db import Store, StoreError
+
+    plan_key = secrets.token_hex(3)
+    for c in fits:
+        c.id = f"{plan_key}:{c.id}"
+    try:
+        store = Store(args.db)
+        store.save_plan([{"plan_id": c.id, "workload": args.workload, "gpus": args.gpus, "gpus_per_node": per_node,
+                          "gpu": gpu.name, "overrides": c.overrides,
+                          "predicted": {"step_time_s": c.est.step_time_s, "peak_mem_gib": c.est.allocated_gib,
+                                        "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu}} for c in fits[:args.top]])
+        store.close()
+    except StoreError as exc:
+        return _bad_input(str(exc), args.json)
     rows = [{"id": c.id, "set": c.set_line, "step_time_s": c.est.step_time_s,
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
@@ -145,7 +163,7 @@ def cmd_plan(args) -> int:
         return EXIT_FAILED
     launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
               f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")
-    console.print(f"run the best: {launch} {fits[0].set_line}")
+    console.print(f"run the best: {launch} --layout-from-plan {fits[0].id}   (or: {fits[0].set_line})")
     if args.explain:
         best = fits[0]
         terms = ", ".join(f"{k} {v:.3f}s" for k, v in sorted(best.est.time.items(), key=lambda kv: -kv[1]) if v > 0)
@@ -226,6 +244,9 @@ def cmd_run(args, workload: str | None = None) -> int:
     workload = workload or args.workload
     t0 = time.perf_counter()
     try:
+        if getattr(args, "layout_from_plan", None):
+            _apply_plan(args, workload)
+        args.nproc_per_node = args.nproc_per_node or 1
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
         ext = local.external_launcher()
@@ -258,10 +279,31 @@ def cmd_run(args, workload: str | None = None) -> int:
     return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
 
 
+def _apply_plan(args, workload: str) -> None:
+    """Put a stored plan's layout in front of the user's own --set overrides (which still win)."""
+    from trainperf.store.db import Store
+
+    store = Store(args.db)
+    row = store.get_plan(args.layout_from_plan)
+    store.close()
+    if row is None:
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r}: no such plan in {args.db} (see `trainperf plan`)")
+    if row["workload"] != workload:
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r} was planned for {row['workload']!r}, not {workload!r}")
+    if row["gpus"] > row["gpus_per_node"]:
+        raise SpecError(f"plan {args.layout_from_plan!r} spans {row['gpus']} GPUs on several nodes: start it under srun "
+                        "with the printed --set line")
+    if args.nproc_per_node and args.nproc_per_node != row["gpus"]:
+        raise SpecError(f"--nproc-per-node {args.nproc_per_node} but plan {args.layout_from_plan!r} is for {row['gpus']} GPUs")
+    args.nproc_per_node = row["gpus"]
+    plan_sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row["overrides"].items()]
+    args.overrides = plan_sets + list(args.overrides)
+
+
 def cmd_demo(args) -> int:
     import torch
 
-    args.config, args.overrides = None, []
+    args.config, args.overrides, args.layout_from_plan = None, [], None
     if not torch.cuda.is_available() or torch.cuda.device_count() < args.nproc_per_node:
         args.overrides.append("hardware.device=cpu")
     rc = cmd_run(args, workload="mini-lora")

@@ -116,6 +116,7 @@ class HardwareSpec:
     gpu: str = "auto"  # name used to look up peak FLOP/s; auto = from the device
     peak_tflops: float = 0.0  # 0: look up by gpu name
     dtype: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
+    memory_check: bool = True  # refuse, before launch, a run the planner predicts will not fit
 
 
 @dataclass

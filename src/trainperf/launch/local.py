@@ -82,9 +82,41 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
                         f"({spec.train.global_batch_size})")
     if spec.eval.target < 0:
         raise SpecError("eval.target is not set: give eval.target=VALUE (the eval loss that ends the run)")
+    if spec.hardware.memory_check:
+        check_device_memory(spec, world_size)
     if spec.train.seed < 0:
         spec.train.seed = secrets.randbelow(2**31 - 1)  # MLPerf: every run logs its own seed
     return spec, info
+
+
+def visible_gpu() -> tuple[str, float] | None:
+    """(name, memory GiB) of GPU 0 from nvidia-smi -- without creating a CUDA context in this
+    launcher process (it would hold memory on GPU 0 for the whole run)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    name, mib = out.stdout.strip().splitlines()[0].rsplit(",", 1)
+    return name.strip(), float(mib) / 1024
+
+
+def check_device_memory(spec: RunSpec, world_size: int) -> None:
+    """On a GPU machine the planner's memory estimate gates the launch (OOM predicted = bad input)."""
+    import dataclasses
+
+    from trainperf.plan.costs import check_memory
+    from trainperf.plan.hardware import preset_for_device
+
+    if spec.hardware.device == "cpu" or not _cuda_available():
+        return
+    found = visible_gpu()
+    if found is None or preset_for_device(found[0]) is None:
+        return
+    gpu = dataclasses.replace(preset_for_device(found[0]), hbm_gib=found[1])
+    check_memory(spec, gpu, min(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
 
 
 def new_run_id(workload: str) -> str:

@@ -193,3 +193,17 @@ def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:
     """busbw (bytes/s) of a group whose ranks span ``span`` consecutive GPUs: NVLink inside a node,
     the NIC once the group crosses nodes."""
     return (gpu.intra_busbw_gbps if span <= gpus_per_node else gpu.inter_busbw_gbps) * 1e9
+
+
+def check_memory(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
+    """SpecError when the predicted per-GPU memory exceeds the device: OOM is refused before launch."""
+    from trainperf.specs import SpecError
+
+    est = estimate(spec, gpu, gpus_per_node)
+    if not est.fits:
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(est.memory.items(), key=lambda kv: -kv[1])[:3])
+        raise SpecError(
+            f"predicted peak memory {est.reserved_gib:.1f} GiB per GPU exceeds the {gpu.hbm_gib:.0f} GiB of {gpu.name} "
+            f"({parts} GiB); try train.recompute=full, more parallel.dp_shard/tp/cp/pp or a smaller "
+            "train.micro_batch_size (hardware.memory_check=false skips this check)")
+    return est

@@ -47,6 +47,12 @@ PRESETS: dict[str, GPU] = {
 }
 
 
+def preset_for_device(device_name: str) -> GPU | None:
+    """The preset for a device name such as 'NVIDIA H200' (None for unknown devices)."""
+    n = device_name.lower()
+    return next((gpu for key, gpu in PRESETS.items() if key in n), None)
+
+
 def load_gpu(name_or_file: str) -> GPU:
     """A preset name, or a YAML file of GPU fields (optionally ``base: h200`` to start from one)."""
     key = name_or_file.lower()

@@ -7,7 +7,7 @@ from rich.table import Table
 
 COLUMNS = ("run_id", "workload", "status", "layout", "world_size", "time_to_train_s", "samples_to_target",
            "final_eval_loss", "target", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "division",
-           "comparable", "status_reason", "mllog_path")
+           "comparable", "status_reason", "mllog_path", "step_time_s", "predicted_step_time_s", "predicted_peak_gib")
 
 
 def rows_for_json(runs: list[dict]) -> list[dict]:
@@ -20,13 +20,21 @@ def _fmt(v, spec: str = "") -> str:
     return format(v, spec) if spec else str(v)
 
 
+def _vs(measured, predicted) -> str:
+    """' (pred X, +e%)' -- the planner's prediction next to the measurement, with its error."""
+    if measured is None or not predicted:
+        return ""
+    return f" ({predicted:.2f}, {100 * (predicted / measured - 1):+.0f}%)"
+
+
 def print_table(runs: list[dict], console: Console | None = None) -> None:
     console = console or Console(width=None if Console().is_terminal else 200)
     table = Table(title=f"trainperf runs ({len(runs)})", show_lines=False)
     for col, justify in (("run", "left"), ("workload", "left"), ("status", "left"), ("layout", "left"),
                          ("procs", "right"), ("time to train", "right"), ("samples", "right"),
                          ("eval / target", "right"), ("tokens/s", "right"), ("tok/s/gpu", "right"),
-                         ("MFU", "right"), ("peak GiB", "right"), ("division", "left")):
+                         ("MFU", "right"), ("peak GiB", "right"), ("step s (plan)", "right"),
+                         ("division", "left")):
         table.add_column(col, justify=justify)
     for r in runs:
         status = r["status"]
@@ -41,7 +49,8 @@ def print_table(runs: list[dict], console: Console | None = None) -> None:
             f"{_fmt(r.get('final_eval_loss'), '.4f')} / {_fmt(r.get('target'), '.4f')}",
             _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(r.get("tokens_per_s_per_gpu"), ",.0f"),
             _fmt(None if r.get("mfu") is None else 100 * r["mfu"], ".1f") + ("%" if r.get("mfu") is not None else ""),
-            _fmt(r.get("peak_mem_gib"), ".2f"), division,
+            _fmt(r.get("peak_mem_gib"), ".2f") + _vs(r.get("peak_mem_gib"), r.get("predicted_peak_gib")),
+            _fmt(r.get("step_time_s"), ".3f") + _vs(r.get("step_time_s"), r.get("predicted_step_time_s")), division,
         )
     console.print(table)
     failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS = {
     1: """
@@ -73,6 +73,22 @@ MIGRATIONS = {
         tokens_per_s REAL,
         PRIMARY KEY (run_id, step)
     );
+    """,
+    # v2: the planner. Ranked layouts are kept so `run --layout-from-plan ID` can use one, and every
+    # run keeps what the planner predicted for it, so `report` shows predicted vs measured.
+    2: """
+    CREATE TABLE plans (
+        plan_id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        workload TEXT NOT NULL,
+        gpus INTEGER NOT NULL,
+        gpus_per_node INTEGER NOT NULL,
+        gpu TEXT NOT NULL,
+        overrides_json TEXT NOT NULL,
+        predicted_json TEXT NOT NULL
+    );
+    ALTER TABLE runs ADD COLUMN predicted_step_time_s REAL;
+    ALTER TABLE runs ADD COLUMN predicted_peak_gib REAL;
     """,
 }
 
@@ -159,7 +175,7 @@ class Store:
             )
 
     def update_run_info(self, run_id: str, **fields: Any) -> None:
-        allowed = {"hardware_json", "software_json", "pid"}
+        allowed = {"hardware_json", "software_json", "pid", "predicted_step_time_s", "predicted_peak_gib"}
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update {sorted(bad)}")
@@ -202,6 +218,24 @@ class Store:
         for run_id in dead:
             self.mark_failed_if_running(run_id, "the process running it died before it finished")
         return dead
+
+    # -- plans --------------------------------------------------------------------------------
+
+    def save_plan(self, rows: list[dict]) -> None:
+        """rows: plan_id, workload, gpus, gpus_per_node, gpu, overrides (dict), predicted (dict)."""
+        with self.transaction() as c:
+            for r in rows:
+                c.execute("INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (r["plan_id"], time.time(), r["workload"], r["gpus"], r["gpus_per_node"], r["gpu"],
+                           json.dumps(r["overrides"]), json.dumps(r["predicted"])))
+
+    def get_plan(self, plan_id: str) -> dict | None:
+        row = self.conn.execute("SELECT * FROM plans WHERE plan_id = ?", (plan_id,)).fetchone()
+        if not row:
+            return None
+        out = dict(row)
+        out["overrides"], out["predicted"] = json.loads(out["overrides_json"]), json.loads(out["predicted_json"])
+        return out
 
     def get_run(self, run_id: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()

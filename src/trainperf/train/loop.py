@@ -112,6 +112,20 @@ def init_distributed(device_type: str) -> tuple[int, int, int]:
     return rank, world, local
 
 
+def predict(spec: RunSpec, hw: dict) -> dict:
+    """What the planner predicts for this run on this GPU (nothing on CPUs or unknown GPUs): kept
+    with the run so `report` can show predicted against measured."""
+    from trainperf.plan.costs import estimate
+    from trainperf.plan.hardware import preset_for_device
+
+    gpu = preset_for_device(hw.get("gpu") or "")
+    if gpu is None:
+        return {}
+    est = estimate(spec, gpu, int(os.environ.get("LOCAL_WORLD_SIZE", hw.get("gpus", 1))))
+    return {"gpu_preset": gpu.name, "step_time_s": est.step_time_s, "peak_mem_gib": est.allocated_gib,
+            "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu}
+
+
 def pick_device(spec: RunSpec) -> str:
     if spec.hardware.device == "cpu":
         return "cpu"
@@ -204,8 +218,11 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
     if store and ctx.create_row:
         store.create_run(ctx.run_id, spec.workload, spec.to_dict(), layout_string(p), world, spec.mlperf.division,
                          spec.mlperf.comparable, e.target, str(ctx.out_dir))
+    predicted = predict(spec, hw)
     if store:
-        store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()))
+        store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()),
+                              predicted_step_time_s=predicted.get("step_time_s"),
+                              predicted_peak_gib=predicted.get("peak_mem_gib"))
 
     def on_signal(signum, frame):
         raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
@@ -216,6 +233,7 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
     progress = _Progress(ctx.progress and is_main, t.max_steps, spec.workload)
     try:
         summary = _train_body(spec, ctx, log, progress, device, device_type, rank, world, hw)
+        summary["predicted"] = predicted
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if store:
