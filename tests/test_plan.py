@@ -168,3 +168,29 @@ def test_layout_from_plan_runs_the_planned_layout(tmp_path):
     missing = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--layout-from-plan", "nope:P1", *db), cwd=tmp_path,
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "no such plan" in missing.stderr
+
+
+def test_calibration_recovers_the_elementwise_factor(tmp_path):
+    """Runs whose step times were produced with a known factor: the closed-form fit finds it again."""
+    import dataclasses
+
+    from trainperf.plan.calibrate import calibrate, write_gpu_yaml
+    from trainperf.store.db import Store
+
+    truth = dataclasses.replace(PRESETS["h200"], other_s_per_token_layer_h=4.0e-10)
+    store = Store(tmp_path / "t.db")
+    for i, extra in enumerate((["parallel.dp_shard=1"], ["parallel.dp_shard=1", "train.recompute=full"],
+                               ["parallel.dp_shard=1", "data.seq_len=4096"])):
+        spec = spec_for(*extra)
+        est = estimate(spec, truth, 1)
+        store.create_run(f"r{i}", spec.workload, spec.to_dict(), "x", 1, "open", False, 0.0, str(tmp_path))
+        store.update_run_info(f"r{i}", hardware_json=json.dumps({"device": "cuda", "gpu": "NVIDIA H200", "gpus": 1}))
+        store.finish_run(f"r{i}", status="failed", step_time_s=est.step_time_s, peak_mem_gib=est.allocated_gib)
+    fitted, report = calibrate(store, "h200")
+    assert fitted.other_s_per_token_layer_h == pytest.approx(4.0e-10, rel=1e-6)
+    assert all(abs(r["step_error"]) < 1e-6 for r in report if r["which"] == "calibrated")
+    assert any(abs(r["step_error"]) > 0.05 for r in report if r["which"] == "preset")
+    write_gpu_yaml(fitted, str(tmp_path / "gpu.yaml"), "h200")
+    assert load_gpu(str(tmp_path / "gpu.yaml")).other_s_per_token_layer_h == pytest.approx(4.0e-10)
+    with pytest.raises(SpecError, match="no measured GPU runs"):
+        calibrate(store, "b200")

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Top-down estimate of memory, communication and step time for every valid "
                                    "layout of WORKLOAD on N GPUs; ranks those that fit.")
     p.add_argument("workload", help="workload name (see `trainperf workloads`)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
     p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200 | a YAML file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
     p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
+    p.add_argument("--calibrate", metavar="GPU_YAML",
+                   help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
     _common(p)
 
     p = sub.add_parser("workloads", help="list workloads", description="List the workloads with one-line descriptions.")
@@ -103,7 +105,11 @@ def cmd_plan(args) -> int:
     from trainperf.specs import resolve_spec
     from trainperf.workloads import get_workload
 
+    if args.calibrate:
+        return _calibrate(args)
     try:
+        if args.gpus < 1:
+            raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
         gpu = load_gpu(args.gpu)
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         per_node = args.gpus_per_node or min(args.gpus, 8)
@@ -170,6 +176,30 @@ def cmd_plan(args) -> int:
         console.print(f"{best.id} step time: {terms}")
         for c in fits[1:args.top]:
             console.print("  " + explain(best, c))
+    return EXIT_OK
+
+
+def _calibrate(args) -> int:
+    from trainperf.plan.calibrate import calibrate, summary, write_gpu_yaml
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        store = Store(args.db)
+        fitted, report = calibrate(store, args.gpu)
+        store.close()
+    except (SpecError, StoreError) as exc:
+        return _bad_input(str(exc), args.json)
+    write_gpu_yaml(fitted, args.calibrate, args.gpu.lower())
+    out = {"gpu": fitted.name, "other_s_per_token_layer_h": fitted.other_s_per_token_layer_h, "written": args.calibrate,
+           "preset": summary(report, "preset"), "calibrated": summary(report, "calibrated"), "runs": report}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for which in ("preset", "calibrated"):
+            s = out[which]
+            print(f"{which:10s} {s['runs']} runs: median |step error| {100 * s['median_abs_step_error']:.1f}%, "
+                  f"max {100 * s['max_abs_step_error']:.1f}%")
+        print(f"wrote {args.calibrate}: use it with `trainperf plan ... --gpu {args.calibrate}`")
     return EXIT_OK
 
 
