@@ -6,8 +6,8 @@ V vocab, S sequence, b micro-batch, t tp, c cp, p pp, v stages per pipeline rank
 
 The memory terms follow this engine (trainperf's FSDP2 keeps fp32 master copies of *every*
 parameter, frozen ones included, and gathers bf16 copies to compute) and were checked against
-torch.cuda.max_memory_allocated on 2 x H200 (docs/PLANNER.md): 1 GPU, DDP, FSDP2, TP2+SP, CP2, PP2,
-full recompute, all within 4%.
+torch.cuda.max_memory_allocated on 2 x H200: 1 GPU, DDP, FSDP2, TP2+SP, CP2, PP2,
+full recompute, all within 5% (docs/PLANNER.md).
 """
 
 from __future__ import annotations
