@@ -37,7 +37,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one spec value (repeatable), e.g. --set train.global_batch_size=32")
-    p.add_argument("--nproc-per-node", type=int, default=0,
+    p.add_argument("--nproc-per-node", type=int, default=None,
                    help="processes to launch with torchrun (default 1, or the plan's GPU count)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
     p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
@@ -276,7 +276,8 @@ def cmd_run(args, workload: str | None = None) -> int:
     try:
         if getattr(args, "layout_from_plan", None):
             _apply_plan(args, workload)
-        args.nproc_per_node = args.nproc_per_node or 1
+        if args.nproc_per_node is None:
+            args.nproc_per_node = 1
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
         ext = local.external_launcher()
@@ -323,7 +324,7 @@ def _apply_plan(args, workload: str) -> None:
     if row["gpus"] > row["gpus_per_node"]:
         raise SpecError(f"plan {args.layout_from_plan!r} spans {row['gpus']} GPUs on several nodes: start it under srun "
                         "with the printed --set line")
-    if args.nproc_per_node and args.nproc_per_node != row["gpus"]:
+    if args.nproc_per_node is not None and args.nproc_per_node != row["gpus"]:
         raise SpecError(f"--nproc-per-node {args.nproc_per_node} but plan {args.layout_from_plan!r} is for {row['gpus']} GPUs")
     args.nproc_per_node = row["gpus"]
     plan_sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row["overrides"].items()]
