@@ -54,7 +54,7 @@ def main() -> int:
         with sqlite3.connect(args.db) as c:
             losses = [r[0] for r in c.execute("SELECT loss FROM steps WHERE run_id = ? ORDER BY step LIMIT 3", (s["run_id"],))]
         row = {"layout": name, "gpus": gpus, "spec": s["layout"], "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"],
-               "mfu": s["mfu"], "peak_mem_gib": s["peak_mem_gib"], "step_time_s": None, "first_losses": losses,
+               "mfu": s["mfu"], "peak_mem_gib": s["peak_mem_gib"], "first_losses": losses,
                "wall_s": wall, "run_id": s["run_id"], "date": time.strftime("%Y-%m-%d")}
         rows.append(row)
         print(f"{name:6s} {gpus} GPU  {row['tokens_per_s_per_gpu']:>9,.0f} tok/s/GPU  MFU {100 * (row['mfu'] or 0):5.1f}%  "
