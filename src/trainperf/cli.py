@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
     _common(p)
 
+    p = sub.add_parser("sweep", help="run every item of a sweep file (resumable), or `sweep status`",
+                       description="`trainperf sweep FILE` runs the runs a sweep file spans, one after another, "
+                                   "skipping those already finished; `trainperf sweep status` shows progress.")
+    p.add_argument("target", help="a sweep file (YAML/TOML), or the word status")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="applied to every run of the sweep")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    _common(p)
+
     p = sub.add_parser("workloads", help="list workloads", description="List the workloads with one-line descriptions.")
     _common(p)
 
@@ -200,6 +209,30 @@ def _calibrate(args) -> int:
             print(f"{which:10s} {s['runs']} runs: median |step error| {100 * s['median_abs_step_error']:.1f}%, "
                   f"max {100 * s['max_abs_step_error']:.1f}%")
         print(f"wrote {args.calibrate}: use it with `trainperf plan ... --gpu {args.calibrate}`")
+    return EXIT_OK
+
+
+def cmd_sweep(args) -> int:
+    from trainperf.launch import sweep
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        store = Store(args.db)
+        if args.target == "status":
+            counts = sweep.status_counts(store)
+        else:
+            name, items = sweep.load_sweep(args.target)
+            echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+            counts = sweep.run_local(store, name, items, args.db, args.out, args.overrides, echo=echo)
+    except (SpecError, StoreError) as exc:
+        return _bad_input(str(exc), args.json)
+    if args.json:
+        print(json.dumps(counts, indent=2))
+    else:
+        for name, c in counts.items():
+            total = sum(c.values())
+            print(f"sweep {name}: {c['success']} success, {c['failed']} failed, {c['pending']} pending, "
+                  f"{c['running']} running of {total}")
     return EXIT_OK
 
 
@@ -347,7 +380,8 @@ def cmd_demo(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_ARGV)
-    handlers = {"run": cmd_run, "plan": cmd_plan, "workloads": cmd_workloads, "report": cmd_report, "demo": cmd_demo}
+    handlers = {"run": cmd_run, "plan": cmd_plan, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
+                "demo": cmd_demo}
     return handlers[args.command](args)
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS = {
     1: """
@@ -89,6 +89,22 @@ MIGRATIONS = {
     );
     ALTER TABLE runs ADD COLUMN predicted_step_time_s REAL;
     ALTER TABLE runs ADD COLUMN predicted_peak_gib REAL;
+    """,
+    # v3: sweeps. One row per expanded item; an item with a finished run is never run again.
+    3: """
+    CREATE TABLE sweep_items (
+        sweep_id TEXT NOT NULL,
+        item_id TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        nproc INTEGER NOT NULL,
+        overrides_json TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'success', 'failed')),
+        run_id TEXT,
+        reason TEXT,
+        started_at REAL,
+        finished_at REAL,
+        PRIMARY KEY (sweep_id, item_id)
+    );
     """,
 }
 
@@ -236,6 +252,37 @@ class Store:
         out = dict(row)
         out["overrides"], out["predicted"] = json.loads(out["overrides_json"]), json.loads(out["predicted_json"])
         return out
+
+    # -- sweeps -------------------------------------------------------------------------------
+
+    def add_sweep_items(self, sweep_id: str, items: list[dict]) -> int:
+        """Register items (item_id, workload, nproc, overrides); existing ones are left as they are."""
+        with self.transaction() as c:
+            before = c.total_changes
+            for it in items:
+                c.execute("INSERT OR IGNORE INTO sweep_items (sweep_id, item_id, workload, nproc, overrides_json, status) "
+                          "VALUES (?, ?, ?, ?, ?, 'pending')",
+                          (sweep_id, it["item_id"], it["workload"], it["nproc"], json.dumps(it["overrides"])))
+            return c.total_changes - before
+
+    def set_sweep_item(self, sweep_id: str, item_id: str, status: str, run_id: str | None = None,
+                       reason: str | None = None) -> None:
+        now = time.time()
+        with self.transaction() as c:
+            c.execute("UPDATE sweep_items SET status = ?, run_id = COALESCE(?, run_id), reason = ?, "
+                      "started_at = CASE WHEN ? = 'running' THEN ? ELSE started_at END, "
+                      "finished_at = CASE WHEN ? IN ('success', 'failed') THEN ? ELSE finished_at END "
+                      "WHERE sweep_id = ? AND item_id = ?",
+                      (status, run_id, reason, status, now, status, now, sweep_id, item_id))
+
+    def sweep_items(self, sweep_id: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM sweep_items", []
+        if sweep_id:
+            q, args = q + " WHERE sweep_id = ?", [sweep_id]
+        rows = [dict(r) for r in self.conn.execute(q + " ORDER BY sweep_id, item_id", args).fetchall()]
+        for r in rows:
+            r["overrides"] = json.loads(r.pop("overrides_json"))
+        return rows
 
     def get_run(self, run_id: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()

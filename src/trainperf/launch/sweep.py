@@ -1,0 +1,109 @@
+"""Sweeps: many runs queued from one file, resumable, a failed run never stops the rest.
+
+A sweep file (YAML or TOML):
+
+    name: overnight
+    runs:
+      - workload: mini-lora
+        nproc_per_node: [1, 2]          # a list spans a grid dimension
+        seeds: [1, 2, 3]
+        set:
+          parallel.dp_shard: -1
+          train.global_batch_size: [16, 32]
+
+expands to the cartesian product of its lists. Each item is registered in the store (table
+``sweep_items``) under a stable id derived from what it runs, so running the same file again skips
+every item that already finished and only runs what is pending (or was interrupted). Items run one
+after another through `trainperf run` in their own process tree (local backend), so an OOM or a crash
+is recorded against that item and the queue goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import subprocess
+import sys
+
+from trainperf.specs import SpecError, load_config_file
+
+
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def expand(data: dict, where: str) -> tuple[str, list[dict]]:
+    """(sweep name, items) from a parsed sweep file; SpecError on a malformed one."""
+    name = str(data.get("name") or "")
+    runs = data.get("runs")
+    if not name:
+        raise SpecError(f"{where}: a sweep needs a name (the key its progress is stored under)")
+    if not isinstance(runs, list) or not runs:
+        raise SpecError(f"{where}: 'runs' must be a non-empty list of {{workload, nproc_per_node, seeds, set}}")
+    items = []
+    for i, block in enumerate(runs):
+        if not isinstance(block, dict) or "workload" not in block:
+            raise SpecError(f"{where}: runs[{i}] needs a workload")
+        bad = set(block) - {"workload", "nproc_per_node", "seeds", "set"}
+        if bad:
+            raise SpecError(f"{where}: runs[{i}] has unknown keys {sorted(bad)}; valid: workload, nproc_per_node, seeds, set")
+        sets = block.get("set") or {}
+        if not isinstance(sets, dict):
+            raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
+        keys = sorted(sets)
+        grid = itertools.product(_as_list(block.get("nproc_per_node", 1)), _as_list(block.get("seeds", [None])),
+                                 *[_as_list(sets[k]) for k in keys])
+        for nproc, seed, *values in grid:
+            overrides = dict(zip(keys, values))
+            if seed is not None:
+                overrides["train.seed"] = seed
+            key = json.dumps({"w": block["workload"], "n": nproc, "o": overrides}, sort_keys=True)
+            items.append({"item_id": hashlib.sha256(key.encode()).hexdigest()[:12], "workload": str(block["workload"]),
+                          "nproc": int(nproc), "overrides": overrides})
+    return name, items
+
+
+def load_sweep(path: str) -> tuple[str, list[dict]]:
+    return expand(load_config_file(path), f"sweep file {path!r}")
+
+
+def _set_args(overrides: dict) -> list[str]:
+    out = []
+    for k, v in overrides.items():
+        out += ["--set", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+    return out
+
+
+def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
+              echo=print) -> dict:
+    """Run every pending item, one after another; returns counts by final status."""
+    store.add_sweep_items(sweep_id, items)
+    for row in store.sweep_items(sweep_id):
+        if row["status"] in ("success", "failed"):
+            continue  # finished before: a sweep is idempotent
+        store.set_sweep_item(sweep_id, row["item_id"], "running")
+        cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
+               "--json", "--db", db, "--out", out, *_set_args(row["overrides"])]
+        for s in extra_sets:
+            cmd += ["--set", s]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            summary = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            summary = {}
+        status = "success" if proc.returncode == 0 else "failed"
+        reason = summary.get("status_reason") or summary.get("error") or (
+            proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else None)
+        store.set_sweep_item(sweep_id, row["item_id"], status, summary.get("run_id"), reason)
+        echo(f"{status:7s} {row['workload']} x{row['nproc']} {_set_args(row['overrides'])[1::2]} "
+             f"{summary.get('run_id') or ''} {reason or ''}".rstrip())
+    return status_counts(store, sweep_id)
+
+
+def status_counts(store, sweep_id: str | None = None) -> dict:
+    counts: dict = {}
+    for row in store.sweep_items(sweep_id):
+        per = counts.setdefault(row["sweep_id"], {"pending": 0, "running": 0, "success": 0, "failed": 0})
+        per[row["status"]] += 1
+    return counts
