@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="table of stored runs", description="Show the runs in the results store.")
     p.add_argument("--workload", help="only runs of this workload")
     p.add_argument("--limit", type=int, default=50, help="newest N runs (default 50)")
+    p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
     _common(p)
 
     p = sub.add_parser("demo", help="the main job on embedded defaults: mini-lora on 2 processes, then the report",
@@ -264,6 +265,13 @@ def cmd_report(args) -> int:
         return _bad_input(str(exc), args.json)
     store.reap_dead_runs()
     runs = store.list_runs(workload=args.workload, limit=args.limit)
+    if getattr(args, "html", None):
+        from pathlib import Path
+
+        from trainperf.report.html import render
+
+        steps = {r["run_id"]: store.steps(r["run_id"]) for r in runs}
+        Path(args.html).write_text(render(runs, steps))
     store.close()
     if args.json:
         print(json.dumps(rows_for_json(runs), indent=2))
@@ -372,7 +380,7 @@ def cmd_demo(args) -> int:
         args.overrides.append("hardware.device=cpu")
     rc = cmd_run(args, workload="mini-lora")
     if not args.json:
-        report_args = argparse.Namespace(db=args.db, json=False, workload=None, limit=10)
+        report_args = argparse.Namespace(db=args.db, json=False, workload=None, limit=10, html=None)
         cmd_report(report_args)
     return rc
 

@@ -1,0 +1,157 @@
+"""The morning report: scaling table, predicted vs measured, published MLPerf results, plots -- one
+self-contained HTML page (plots embedded as PNG data URIs, no external assets)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import statistics
+import time
+from collections import defaultdict
+
+from trainperf.report.published import LLAMA2_70B_LORA, SOURCE
+
+
+def scaling_rows(runs: list[dict]) -> list[dict]:
+    """Per workload and GPU count, the fastest successful run; speedup against the smallest GPU
+    count of that workload and efficiency against ideal (linear) scaling."""
+    best: dict[tuple[str, int], dict] = {}
+    for r in runs:
+        if r["status"] != "success" or r.get("time_to_train_s") is None:
+            continue
+        k = (r["workload"], r["world_size"])
+        if k not in best or r["time_to_train_s"] < best[k]["time_to_train_s"]:
+            best[k] = r
+    rows = []
+    for workload in sorted({w for w, _ in best}):
+        sizes = sorted(n for w, n in best if w == workload)
+        base_n, base_t = sizes[0], best[(workload, sizes[0])]["time_to_train_s"]
+        for n in sizes:
+            r = best[(workload, n)]
+            speedup = base_t / r["time_to_train_s"]
+            rows.append({"workload": workload, "gpus": n, "layout": r["layout"], "time_to_train_s": r["time_to_train_s"],
+                         "speedup": speedup, "efficiency": speedup / (n / base_n), "run_id": r["run_id"],
+                         "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "mfu": r.get("mfu"),
+                         "runs": sum(1 for x in runs if x["workload"] == workload and x["world_size"] == n
+                                     and x["status"] == "success")})
+    return rows
+
+
+def olympic_scores(runs: list[dict], min_runs: int = 5) -> list[dict]:
+    """MLPerf-style score per (workload, layout, GPUs) with enough successful runs: mean after dropping
+    the fastest and the slowest (mlperf_logging's result_summarizer rule), in minutes."""
+    from mlperf_logging.result_summarizer.result_summarizer import _compute_olympic_average
+
+    groups = defaultdict(list)
+    for r in runs:
+        if r["status"] == "success" and r.get("time_to_train_s") is not None:
+            groups[(r["workload"], r["layout"], r["world_size"])].append(r["time_to_train_s"] / 60)
+    out = []
+    for (w, layout, n), times in sorted(groups.items()):
+        if len(times) >= min_runs:
+            out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(times),
+                        "score_min": _compute_olympic_average(sorted(times), 0, 1)})
+    return out
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(runs: list[dict], steps_by_run: dict[str, list[dict]], scaling: list[dict]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    if scaling:
+        with_mfu = any(r["mfu"] for r in scaling)  # CPU runs have no honest MFU: no empty panel
+        fig, axes = plt.subplots(1, 2 if with_mfu else 1, figsize=(11 if with_mfu else 6, 4), squeeze=False)
+        ax1, ax2 = axes[0][0], (axes[0][1] if with_mfu else None)
+        for w in sorted({r["workload"] for r in scaling}):
+            rows = [r for r in scaling if r["workload"] == w]
+            n = [r["gpus"] for r in rows]
+            t = [r["time_to_train_s"] / 60 for r in rows]
+            ax1.plot(n, t, "o-", label=w)
+            ax1.plot(n, [t[0] * n[0] / x for x in n], ":", color="grey")
+            if ax2 is not None:
+                ax2.plot(n, [100 * (r["mfu"] or 0) for r in rows], "o-", label=w)
+        pub = [p for p in LLAMA2_70B_LORA if p[3] == "H200"]
+        ax1.scatter([p[4] for p in pub], [p[6] for p in pub], marker="x", color="black", label="published llama2_70b_lora H200")
+        panels = [(ax1, "time to train vs GPUs (dotted: ideal)", "minutes")] + (
+            [(ax2, "MFU vs GPUs", "MFU %")] if ax2 is not None else [])
+        for ax, title, ylabel in panels:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("GPUs")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.legend(fontsize=7)
+        ax1.set_yscale("log")
+        out.append(("Scaling", _png(fig)))
+        plt.close(fig)
+    curves = [r for r in runs if steps_by_run.get(r["run_id"])][:8]
+    if curves:
+        fig, ax = plt.subplots(figsize=(11, 4))
+        for r in curves:
+            s = steps_by_run[r["run_id"]]
+            ax.plot([x["samples"] for x in s], [x["loss"] for x in s], label=f"{r['workload']} {r['run_id'][-6:]} ({r['world_size']})")
+        ax.set_xlabel("samples")
+        ax.set_ylabel("train loss")
+        ax.set_title("Loss curves (newest runs)")
+        ax.legend(fontsize=7)
+        out.append(("Loss curves", _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
+    scaling = scaling_rows(runs)
+    scores = olympic_scores(runs)
+    parts = [f"<h1>trainperf report</h1><p>{len(runs)} runs, generated {time.strftime('%Y-%m-%d %H:%M')}</p>"]
+    parts.append("<h2>Scaling</h2>" + (_table(
+        ["workload", "GPUs", "layout", "time to train (s)", "speedup", "efficiency", "tokens/s/GPU", "MFU", "runs"],
+        [[r["workload"], r["gpus"], r["layout"], _f(r["time_to_train_s"], ".1f"), _f(r["speedup"], ".2f"),
+          _f(100 * r["efficiency"], ".0f") + "%", _f(r["tokens_per_s_per_gpu"], ",.0f"),
+          _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
+        if scaling else "<p>No successful runs yet.</p>"))
+    if scores:
+        parts.append("<h2>Scores (olympic mean, minutes)</h2>" + _table(
+            ["workload", "layout", "GPUs", "runs", "score"],
+            [[s["workload"], s["layout"], s["gpus"], s["runs"], _f(s["score_min"], ".2f")] for s in scores]))
+    parts.append("<h2>Runs</h2>" + _table(
+        ["run", "workload", "status", "GPUs", "layout", "time to train (s)", "samples", "eval / target", "tokens/s/GPU",
+         "MFU", "peak GiB (predicted)", "step s (predicted)", "division"],
+        [[r["run_id"], r["workload"], r["status"], r["world_size"], r["layout"], _f(r.get("time_to_train_s"), ".1f"),
+          _f(r.get("samples_to_target"), "d"), f"{_f(r.get('final_eval_loss'), '.4f')} / {_f(r.get('target'), '.4f')}",
+          _f(r.get("tokens_per_s_per_gpu"), ",.0f"), _f(None if r.get("mfu") is None else 100 * r["mfu"], ".1f"),
+          f"{_f(r.get('peak_mem_gib'), '.2f')} ({_f(r.get('predicted_peak_gib'), '.2f')})",
+          f"{_f(r.get('step_time_s'), '.3f')} ({_f(r.get('predicted_step_time_s'), '.3f')})",
+          (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")] for r in runs]))
+    errs = [abs(r["predicted_step_time_s"] / r["step_time_s"] - 1) for r in runs
+            if r.get("predicted_step_time_s") and r.get("step_time_s")]
+    if errs:
+        parts.append(f"<p>Planner step-time error over {len(errs)} runs: median {100 * statistics.median(errs):.1f}%, "
+                     f"max {100 * max(errs):.1f}%.</p>")
+    parts.append("<h2>Published MLPerf llama2_70b_lora results</h2><p>" + html.escape(SOURCE) + "</p>" + _table(
+        ["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"], [list(p) for p in LLAMA2_70B_LORA]))
+    for title, uri in plots(runs, steps_by_run, scaling):
+        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px;"
+             "margin-bottom:1em}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
+             "img{max-width:100%}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>trainperf report</title><style>{style}</style></head>" \
+           f"<body>{''.join(parts)}</body></html>"

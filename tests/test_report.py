@@ -1,0 +1,56 @@
+"""The morning report: scaling arithmetic, olympic scores, one self-contained HTML page."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from conftest import trainperf_cmd
+from trainperf.report.html import olympic_scores, render, scaling_rows
+from trainperf.store.db import Store
+
+
+def fill(store: Store, tmp_path) -> None:
+    rows = [("a", "w", 1, 100.0), ("b", "w", 2, 60.0), ("c", "w", 4, 40.0), ("d", "w", 4, 30.0), ("e", "w", 8, None)]
+    rows += [(f"s{i}", "v", 2, t) for i, t in enumerate([50.0, 10.0, 20.0, 30.0, 40.0])]
+    for run_id, w, n, ttt in rows:
+        store.create_run(run_id, w, {"x": 1}, f"dp_shard={n}", n, "open", False, 0.9, str(tmp_path))
+        store.finish_run(run_id, status="success" if ttt else "failed", time_to_train_s=ttt, step_time_s=0.5,
+                         tokens_per_s_per_gpu=1000.0 / n, mfu=0.4, step_rows=[
+                             {"step": k, "samples": 16 * k, "loss": 3.0 / k} for k in range(1, 5)])
+
+
+def test_scaling_speedup_and_efficiency(tmp_path):
+    store = Store(tmp_path / "t.db")
+    fill(store, tmp_path)
+    rows = {(r["workload"], r["gpus"]): r for r in scaling_rows(store.list_runs())}
+    assert set(rows) == {("w", 1), ("w", 2), ("w", 4), ("v", 2)}  # the failed 8-GPU run is not a time
+    assert rows[("w", 4)]["time_to_train_s"] == 30.0 and rows[("w", 4)]["runs"] == 2  # fastest of the two
+    assert rows[("w", 2)]["speedup"] == pytest.approx(100 / 60)
+    assert rows[("w", 4)]["efficiency"] == pytest.approx((100 / 30) / 4)
+    assert rows[("v", 2)]["speedup"] == 1.0
+
+
+def test_olympic_score_drops_fastest_and_slowest(tmp_path):
+    store = Store(tmp_path / "t.db")
+    fill(store, tmp_path)
+    (score,) = olympic_scores(store.list_runs())
+    assert score["workload"] == "v" and score["runs"] == 5
+    assert score["score_min"] == pytest.approx((20 + 30 + 40) / 3 / 60)
+
+
+def test_html_report_is_self_contained(tmp_path):
+    store = Store(tmp_path / "t.db")
+    fill(store, tmp_path)
+    runs = store.list_runs()
+    page = render(runs, {r["run_id"]: store.steps(r["run_id"]) for r in runs})
+    assert page.startswith("<!doctype html>") and page.count("<table>") >= 4
+    images = re.findall(r"<img [^>]*src='([^']+)'", page)
+    assert len(images) == 2 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert "http://" not in page.replace("https://", "") and "<script" not in page
+    assert "Eos_n128" in page  # the published results travel with it
+    out = subprocess.run(trainperf_cmd("report", "--db", str(tmp_path / "t.db"), "--html", str(tmp_path / "r.html")),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and (tmp_path / "r.html").stat().st_size > 10_000
