@@ -71,6 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
     _common(p)
 
+    p = sub.add_parser("tune", help="measure the planner's best layouts in short trials, keep the fastest",
+                       description="Successive halving over the planner's top layouts: short real runs, the faster "
+                                   "half continues with twice the steps, until one is left or the budget is spent.")
+    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs (processes) on this node")
+    p.add_argument("--gpu", default="h200", help="planner preset or YAML file for the initial ranking")
+    p.add_argument("--top", type=int, default=8, help="how many planned layouts to try (default 8)")
+    p.add_argument("--budget-minutes", type=float, default=30.0, help="stop starting trials after this (default 30)")
+    p.add_argument("--steps", type=int, default=4, help="steps per trial in the first round (doubles each round)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    _common(p)
+
     p = sub.add_parser("sweep", help="run every item of a sweep file (resumable), or `sweep status`",
                        description="`trainperf sweep FILE` runs the runs a sweep file spans, one after another, "
                                    "skipping those already finished; `trainperf sweep status` shows progress.")
@@ -213,6 +226,38 @@ def _calibrate(args) -> int:
     return EXIT_OK
 
 
+def cmd_tune(args) -> int:
+    from trainperf.launch.tune import successive_halving
+    from trainperf.plan.hardware import load_gpu
+    from trainperf.plan.search import plan
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads import get_workload
+
+    try:
+        if args.gpus < 1 or args.top < 1 or args.steps < 2:
+            raise SpecError("--gpus and --top must be >= 1 and --steps >= 2 (the first step is warm-up)")
+        base = resolve_spec(get_workload(args.workload).defaults(), None, args.overrides)
+        fits, _ = plan(base, load_gpu(args.gpu), args.gpus, args.gpus, objective="throughput")
+    except SpecError as exc:
+        return _bad_input(str(exc), args.json)
+    echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
+                             args.budget_minutes * 60, args.steps, echo)
+    trials = [{"id": t.candidate.id, "set": t.candidate.set_line, "steps": t.steps, "step_time_s": t.step_time_s,
+               "planned_step_time_s": t.candidate.est.step_time_s, "run_id": t.run_id, "error": t.error}
+              for t in res.trials]
+    command = (f"trainperf run {args.workload} --nproc-per-node {args.gpus} {res.winner.set_line} "
+               + " ".join(f"--set {o}" for o in args.overrides)).strip() if res.winner else None
+    if args.json:
+        print(json.dumps({"winner": res.winner.id if res.winner else None, "command": command, "trials": trials,
+                          "elapsed_s": res.elapsed_s}, indent=2))
+    elif res.winner:
+        print(f"winner {res.winner.id} after {len(trials)} trials in {res.elapsed_s:.0f} s:\n  {command}")
+    else:
+        print("no trial finished: nothing to recommend (see the reasons above)")
+    return EXIT_OK if res.winner else EXIT_FAILED
+
+
 def cmd_sweep(args) -> int:
     from trainperf.launch import sweep
     from trainperf.store.db import Store, StoreError
@@ -281,7 +326,7 @@ def cmd_report(args) -> int:
 
 
 SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
-                "final_eval_loss", "target", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+                "final_eval_loss", "target", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
                 "peak_mem_gib", "layout", "placement", "world_size", "mllog", "out_dir", "adapter", "seed")
 
 
@@ -388,7 +433,7 @@ def cmd_demo(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_ARGV)
-    handlers = {"run": cmd_run, "plan": cmd_plan, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
+    handlers = {"run": cmd_run, "plan": cmd_plan, "tune": cmd_tune, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
                 "demo": cmd_demo}
     return handlers[args.command](args)
 

@@ -1,0 +1,86 @@
+"""`trainperf tune`: short measured trials of the planner's best layouts, by successive halving.
+
+Round 1 runs every candidate for a few steps; each later round keeps the faster half (by measured
+median step time, the first step excluded) and runs it for twice as many steps, until one is left or
+the time budget is spent. Every trial is a real `trainperf run` in its own process tree, stored like
+any run, so an OOM, a crash or a layout the machine cannot run is recorded with its reason and the
+search goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from trainperf.plan.search import Candidate
+
+
+@dataclass
+class Trial:
+    candidate: Candidate
+    steps: int
+    step_time_s: float | None = None
+    run_id: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial] = field(default_factory=list)
+    winner: Candidate | None = None
+    elapsed_s: float = 0.0
+
+
+def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, out: str, extra: list[str],
+              timeout_s: float) -> Trial:
+    cmd = [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json",
+           "--db", db, "--out", out, "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
+           "--set", "eval.every_samples=1000000000", *cand.set_line.split(), *[x for s in extra for x in ("--set", s)]]
+    trial = Trial(cand, steps)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1))
+    except subprocess.TimeoutExpired:
+        trial.error = f"timed out after {timeout_s:.0f} s"
+        return trial
+    try:
+        summary = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        summary = {}
+    trial.run_id = summary.get("run_id")
+    if summary.get("step_time_s"):  # a throughput trial ends 'failed' (no target): its steps still count
+        trial.step_time_s = summary["step_time_s"]
+    else:
+        lines = proc.stderr.strip().splitlines()
+        trial.error = summary.get("error") or (lines[-1] if lines else f"exit {proc.returncode}")
+    return trial
+
+
+def successive_halving(workload: str, gpus: int, candidates: list[Candidate], db: str, out: str, extra: list[str],
+                       budget_s: float, first_steps: int = 4, echo=print) -> TuneResult:
+    result = TuneResult()
+    t0 = time.perf_counter()
+    alive, steps = list(candidates), first_steps
+    while alive:
+        measured = []
+        for cand in alive:
+            left = budget_s - (time.perf_counter() - t0)
+            if left <= 0:
+                break
+            trial = run_trial(workload, gpus, cand, steps, db, out, extra, left)
+            result.trials.append(trial)
+            echo(f"{cand.id:>10s} {steps:3d} steps: " + (f"{trial.step_time_s:.4f} s/step (planned "
+                 f"{cand.est.step_time_s:.4f})" if trial.step_time_s else f"dropped: {trial.error}"))
+            if trial.step_time_s:
+                measured.append(trial)
+        if not measured:
+            break
+        measured.sort(key=lambda tr: tr.step_time_s)
+        result.winner = measured[0].candidate
+        alive, steps = [tr.candidate for tr in measured[: max(1, len(measured) // 2)]], steps * 2
+        if len(alive) == 1 or time.perf_counter() - t0 >= budget_s:
+            break  # one left (it is the winner) or no time for another round
+    result.elapsed_s = time.perf_counter() - t0
+    return result
