@@ -32,10 +32,13 @@ class GlobalBatchSampler:
         return rows
 
     def local_micro_batches(self, step: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> list[torch.Tensor]:
-        rows = self.global_batch(step)
-        per_rank = self.gbs // dp_size
-        mine = rows[dp_rank * per_rank:(dp_rank + 1) * per_rank]
-        return list(mine.split(micro_batch_size))
+        return split_local(self.global_batch(step), dp_rank, dp_size, micro_batch_size)
+
+
+def split_local(rows: torch.Tensor, dp_rank: int, dp_size: int, micro_batch_size: int) -> list[torch.Tensor]:
+    """This data-parallel rank's contiguous slice of a global batch, cut into micro-batches."""
+    per_rank = len(rows) // dp_size
+    return list(rows[dp_rank * per_rank:(dp_rank + 1) * per_rank].split(micro_batch_size))
 
 
 def eval_shards(num_rows: int, dp_rank: int, dp_size: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainperf.data.sampler import GlobalBatchSampler, eval_shards
+from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_split
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.parallelize import build_mesh, layout_string, placement
@@ -331,7 +331,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         rows = sampler.global_batch(step - 1)
         global_tokens = float(train_split.loss_mask[rows][:, 1:].sum())
         micro = [(train_split.input_ids[mb], train_split.loss_mask[mb])
-                 for mb in sampler.local_micro_batches(step - 1, dp_rank, dp, t.micro_batch_size)]
+                 for mb in split_local(rows, dp_rank, dp, t.micro_batch_size)]
         loss_local = engine.train_step(micro, global_tokens)
         grad_norm = clip_gradients(trainable, t.grad_clip, pp_group)
         opt.step()
