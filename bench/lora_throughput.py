@@ -62,14 +62,15 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
 
 def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
     from trainperf.parallel.parallelize import build_mesh
-    from trainperf.train.loop import build_model, clip_gradients, init_distributed, resolve_param_dtype
+    from trainperf.train.engine import Engine
+    from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
 
     spec = RunSpec(workload="bench", model=model_spec, lora=LORA,
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0))
     spec.parallel.dp_shard = 1
     init_distributed("cuda")
     mesh = build_mesh(spec.parallel, "cuda")
-    model, _, _ = build_model(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda"))
+    model = Engine(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda")).parts[0][1]
     trainable = [p for p in model.parameters() if p.requires_grad]
     return measure(model, trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 

@@ -367,7 +367,7 @@ def validate_layout(spec: RunSpec) -> None:
         if m.num_layers % stages:
             raise SpecError(f"model.num_layers={m.num_layers} is not divisible by the {stages} pipeline stages "
                             f"(pp={p.pp} x {vstages} per rank)")
-        micro = t.global_batch_size // (data_parallel_size(p) * t.micro_batch_size)
+        micro = grad_accum_steps(spec)
         if micro < p.pp:
             raise SpecError(f"{micro} micro-batches per step (GBS {t.global_batch_size} / dp {data_parallel_size(p)} / "
                             f"micro-batch {t.micro_batch_size}) are fewer than the {p.pp} pipeline stages; "

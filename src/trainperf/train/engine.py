@@ -19,7 +19,7 @@ from trainperf.model import checkpoint as ckpt
 from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.lora import apply_lora, is_adapter_param
 from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline, stages_per_rank
-from trainperf.specs import RunSpec
+from trainperf.specs import RunSpec, grad_accum_steps
 from trainperf.train.loss import masked_loss_sum, row_loss_sums, shift_targets
 
 
@@ -128,8 +128,7 @@ class Engine:
         stages = [pl.PipelineStage(part, idx, n_stages, self.device, group=group) for idx, part in self.parts]
         self.first = any(idx == 0 for idx, _ in self.parts)
         self.last = any(idx == n_stages - 1 for idx, _ in self.parts)
-        n_micro = self.spec.train.global_batch_size // (
-            p.dp_replicate * p.dp_shard * self.spec.train.micro_batch_size)
+        n_micro = grad_accum_steps(self.spec)
         cls = {"GPipe": pl.ScheduleGPipe, "1F1B": pl.Schedule1F1B, "Interleaved1F1B": pl.ScheduleInterleaved1F1B}[p.pp_schedule]
         # our loss is already each micro-batch's share of the global sum: no extra 1/n_microbatches
         stage_arg = stages if p.pp_schedule == "Interleaved1F1B" else stages[0]

@@ -155,12 +155,6 @@ def hardware_info(device_type: str, world: int) -> dict:
             "cores": os.cpu_count()}
 
 
-def build_model(spec: RunSpec, mesh, device: torch.device, param_dtype):
-    """The whole model (no pipeline), built and initialised or loaded: (model, load seconds, bytes)."""
-    engine = Engine(spec, mesh, device, param_dtype)
-    return engine.parts[0][1], engine.load_s, engine.load_bytes
-
-
 def resolve_param_dtype(spec: RunSpec, device_type: str):
     """Compute dtype of parameters (FSDP gathers them in it; masters and optimizer stay fp32):
     bf16 on GPU, fp32 on CPU, unless hardware.dtype says otherwise."""
