@@ -49,7 +49,8 @@ def test_activation_formulas():
 
 # What 2 x H200 measured on 2026-11-30 (docs/PERFORMANCE.md): tokens/s per GPU and peak GiB of the
 # 7B-shape LoRA at seq 8192, GBS 4. The model's three fitted constants come from these runs, so this
-# is an in-sample regression guard for the formulas, not an accuracy claim.
+# is an in-sample regression guard for the formulas, not an accuracy claim. Those runs kept fp32
+# masters of the frozen base (before hardware.frozen_dtype existed), hence frozen_dtype=fp32 below.
 MEASURED = {
     "1gpu": (1, ["parallel.dp_shard=1"], 11778, 73.2),
     "ddp": (2, ["parallel.dp_replicate=2", "parallel.dp_shard=1"], 11850, 73.2),
@@ -63,9 +64,22 @@ MEASURED = {
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_reproduces_the_measured_h200_layouts(name):
     gpus, overrides, tps, mem = MEASURED[name]
-    est = estimate(spec_for(*overrides), PRESETS["h200"], 8)
+    est = estimate(spec_for(*overrides, "hardware.frozen_dtype=fp32"), PRESETS["h200"], 8)
     assert abs(est.tokens_per_s_per_gpu / tps - 1) < 0.08
     assert abs(est.allocated_gib / mem - 1) < 0.04
+
+
+def test_bf16_frozen_base_saves_two_bytes_per_frozen_parameter():
+    from trainperf.train.metrics import lora_params
+
+    spec = spec_for("parallel.dp_shard=1")
+    fp32 = estimate(spec_for("parallel.dp_shard=1", "hardware.frozen_dtype=fp32"), PRESETS["h200"], 8)
+    bf16 = estimate(spec, PRESETS["h200"], 8)  # auto: bf16 compute on GPU -> bf16 base
+    all_params = fp32.memory["weights_sharded"] / 4  # one GPU: every parameter at 4 bytes
+    frozen = all_params - lora_params(spec.model, spec.lora)
+    saved = fp32.memory["weights_sharded"] - bf16.memory["weights_sharded"]
+    assert saved == pytest.approx(2 * frozen)
+    assert fp32.tokens_per_s_per_gpu == bf16.tokens_per_s_per_gpu  # same compute either way
 
 
 def test_more_sharding_never_raises_memory():

@@ -102,6 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
     _common(p)
 
+    p = sub.add_parser("data", help="dataset tools: `data convert` token files -> the packed pretraining format",
+                       description="`trainperf data convert INPUTS... --out DIR --vocab-size V [--eod-id E] "
+                                   "(--validation-documents N | --validation-inputs ...)`: plain token files "
+                                   "(.txt, .jsonl, .npy) into the packed format llama31_8b reads (see data/pretok.py).")
+    p.add_argument("action", choices=["convert"], help="what to do")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the action's own arguments (see `data convert --help`)")
+    p = sub.add_parser("score", help="MLPerf score of a set of runs: olympic mean, RCP check, package export",
+                       description="Score runs from their MLPerf logs as MLPerf does: olympic mean of the run times "
+                                   "(minutes), RCP check and scaling for closed-division runs; exit 1 if the score "
+                                   "is not a valid MLPerf score.")
+    p.add_argument("inputs", nargs="*", metavar="RUN",
+                   help="run ids from the store, result directories, or mllog files (result_*.txt, mllog.txt)")
+    p.add_argument("--workload", help="score the most recent finished runs of this workload in the store")
+    p.add_argument("--last", type=int, default=None,
+                   help="with --workload: how many of its newest runs (default: the runs its benchmark requires)")
+    p.add_argument("--ruleset", default="6.0.0", help="MLPerf training ruleset for RCPs and checks (default 6.0.0)")
+    p.add_argument("--export", metavar="DIR", help="also write a submission package under DIR/<org>/ and check it")
+    p.add_argument("--org", help="submitter for --export (default: the logs' submission_org)")
+    p.add_argument("--system", help="system name for --export (default: the logs' submission_platform)")
+    _common(p)
+
     p = sub.add_parser("demo", help="the main job on embedded defaults: mini-lora on 2 processes, then the report",
                        description="Run mini-lora to its target on 2 processes (GPUs if present, else CPU), store it, "
                                    "and print the report table.")
@@ -417,6 +438,23 @@ def _apply_plan(args, workload: str) -> None:
     args.overrides = plan_sets + list(args.overrides)
 
 
+def cmd_score(args) -> int:
+    from trainperf.report.score import export_package, gather_runs, print_score, score_runs
+
+    try:
+        runs = gather_runs(args.inputs, db=args.db, workload=args.workload, last=args.last, ruleset=args.ruleset)
+        result = score_runs(runs, ruleset=args.ruleset)
+        if args.export:
+            result.export = export_package(result, args.export, org=args.org, system=args.system)
+    except SpecError as exc:
+        return _bad_input(str(exc), args.json)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_score(result)
+    return EXIT_OK if result.valid else EXIT_FAILED
+
+
 def cmd_demo(args) -> int:
     import torch
 
@@ -430,11 +468,17 @@ def cmd_demo(args) -> int:
     return rc
 
 
+def cmd_data(args) -> int:
+    from trainperf.data import pretok
+
+    return pretok.main(args.rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_ARGV)
     handlers = {"run": cmd_run, "plan": cmd_plan, "tune": cmd_tune, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
-                "demo": cmd_demo}
+                "demo": cmd_demo, "score": cmd_score, "data": cmd_data}
     return handlers[args.command](args)
 
 

@@ -92,6 +92,9 @@ class TrainSpec:
     log_every: int = 10
     compile: bool = False
     save_final_model: bool = False  # write the trained (base) weights to RUN_DIR/model at the end
+    # forward+backward passes on synthetic tokens before the clock starts (allocator, kernels, NCCL);
+    # no optimizer step, gradients dropped and RNG states restored, so no model or optimizer state changes
+    untimed_warmup_steps: int = 0
 
 
 @dataclass
@@ -99,13 +102,13 @@ class DataSpec:
     path: str | None = None  # dir with train.safetensors / validation.safetensors
     seq_len: int = 4096
     train_samples: int = 0  # synthetic workloads: how many rows to generate
-    eval_samples: int = 0
+    eval_samples: int = 0  # synthetic workloads: rows to generate; with data.path: evaluate the first N (0: all)
 
 
 @dataclass
 class EvalSpec:
     every_samples: int = 384  # rounded up to a multiple of the global batch size
-    skip_first: int = 0  # evals skipped at the start (MLPerf: floor(0.125*GBS + 2) for LoRA)
+    skip_first: int = 0  # evals skipped at the start; -1: the LoRA rule floor(0.125*GBS + 2)
     target: float = 0.925  # eval loss at or below this ends the run successfully
     batch_size: int = 1
 
@@ -117,6 +120,9 @@ class HardwareSpec:
     peak_tflops: float = 0.0  # 0: look up by gpu name
     dtype: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
     memory_check: bool = True  # refuse, before launch, a run the planner predicts will not fit
+    # storage dtype of a LoRA run's frozen base weights: auto = the compute dtype (bf16 on GPU), so the
+    # base costs 2 bytes/parameter instead of an fp32 master copy nothing ever updates
+    frozen_dtype: str = "auto"
 
 
 @dataclass
@@ -324,6 +330,13 @@ def eval_interval_samples(spec: RunSpec) -> int:
     return math.ceil(spec.eval.every_samples / gbs) * gbs
 
 
+def eval_skip_count(spec: RunSpec) -> int:
+    """How many of the first evals are skipped (MLPerf llama2_70b_lora: FLOOR(0.125*GBS + 2))."""
+    if spec.eval.skip_first < 0:
+        return math.floor(0.125 * spec.train.global_batch_size + 2)
+    return spec.eval.skip_first
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -418,7 +431,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
     validate_layout(spec)
-    if d.path is None and (d.train_samples < 1 or d.eval_samples < 1):
+    if d.path is None and (d.train_samples < 1 or d.eval_samples < 0):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")
     if d.seq_len < 2:
@@ -427,11 +440,19 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(
             f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"
         )
-    if e.every_samples < 1 or e.skip_first < 0:
-        raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0")
+    if e.every_samples < 1 or e.skip_first < -1:
+        raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0 (or -1: the MLPerf LoRA rule)")
+    if t.untimed_warmup_steps < 0:
+        raise SpecError(f"train.untimed_warmup_steps={t.untimed_warmup_steps}: must be >= 0")
     if spec.hardware.device not in ("auto", "cpu", "cuda"):
         raise SpecError(f"hardware.device={spec.hardware.device!r}: valid values are auto, cpu, cuda")
     if spec.hardware.dtype not in ("auto", "fp32", "bf16"):
         raise SpecError(f"hardware.dtype={spec.hardware.dtype!r}: valid values are auto, fp32, bf16")
+    if spec.hardware.frozen_dtype not in ("auto", "fp32", "bf16"):
+        raise SpecError(f"hardware.frozen_dtype={spec.hardware.frozen_dtype!r}: valid values are auto, fp32, bf16")
+    if spec.hardware.frozen_dtype == "bf16" and not (
+            spec.hardware.dtype == "bf16" or (spec.hardware.dtype == "auto" and spec.hardware.device != "cpu" and _cuda_available())):
+        raise SpecError("hardware.frozen_dtype=bf16 needs bf16 compute (hardware.dtype=bf16, or auto on a GPU); "
+                        "use hardware.frozen_dtype=auto")
     if spec.mlperf.division not in ("open", "closed"):
         raise SpecError(f"mlperf.division={spec.mlperf.division!r}: valid values are open, closed")

@@ -1,8 +1,13 @@
-"""Token datasets on disk: a directory with ``train.safetensors`` and ``validation.safetensors``.
+"""Token datasets on disk, and the one interface the trainer reads them through.
 
-Each file holds ``input_ids`` (int, [rows, seq]) and ``loss_mask`` (bool/int, [rows, seq]);
+trainperf's own format is a directory with ``train.safetensors`` and ``validation.safetensors``, each
+holding ``input_ids`` (int, [rows, seq]) and ``loss_mask`` (bool/int, [rows, seq]);
 ``loss_mask[i, t]`` says whether token t of row i is a prediction target (predicted from tokens < t),
 the same meaning as MLPerf's ``loss_mask`` / ``labels != -100``.
+
+Other formats are recognised by their files and read by their own modules: the MLPerf GovReport
+parquet and NVIDIA npy files (``data.govreport``) and packed pre-tokenized pretraining streams
+(``data.pretok``). Every reader gives a split with ``len()`` and ``take(rows) -> (ids, mask)``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ class TokenSplit:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.input_ids[rows], self.loss_mask[rows]
+
+    def limit(self, n: int) -> "TokenSplit":
+        return TokenSplit(self.input_ids[:n], self.loss_mask[:n])
 
 
 def save_split(split: TokenSplit, path: Path) -> None:
@@ -89,3 +100,64 @@ def load_split(path: str, split: str) -> TokenSplit:
         ids = sf.get_tensor("input_ids").to(torch.int64)
         mask = sf.get_tensor("loss_mask").to(torch.bool)
     return TokenSplit(ids, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Format dispatch: inspect (headers, before launch), verify (a full pass, before launch), load.
+
+def dataset_format(path: str) -> str:
+    """'safetensors', 'govreport-parquet', 'govreport-npy' or 'pretok'; SpecError when none fits."""
+    from trainperf.data import govreport, pretok
+
+    p = Path(path)
+    if not p.is_dir():
+        raise SpecError(f"data.path {path!r} is not a directory")
+    if pretok.detect(path):
+        return "pretok"
+    found = govreport.detect(path)
+    if found:
+        return found
+    if any((p / f"{s}.safetensors").is_file() for s in SPLITS):
+        return "safetensors"
+    raise SpecError(f"data.path {path!r} holds no dataset trainperf reads: expected train/validation .safetensors, "
+                    "GovReport train*/validation*.parquet or train.npy/validation.npy, or a pretok dir (meta.json)")
+
+
+def inspect_any(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
+    fmt = dataset_format(path)
+    if fmt == "pretok":
+        from trainperf.data.pretok import inspect_pretok
+
+        return inspect_pretok(path, seq_len, vocab_size)
+    if fmt.startswith("govreport"):
+        from trainperf.data.govreport import inspect_govreport
+
+        return inspect_govreport(path, seq_len, vocab_size)
+    return inspect_dataset(path, seq_len, vocab_size)
+
+
+def verify_any(path: str, split: str, vocab_size: int) -> None:
+    fmt = dataset_format(path)
+    if fmt == "pretok":
+        from trainperf.data.pretok import verify_pretok_tokens
+
+        return verify_pretok_tokens(path, split, vocab_size)
+    if fmt.startswith("govreport"):
+        from trainperf.data.govreport import verify_govreport_tokens
+
+        return verify_govreport_tokens(path, split, vocab_size)
+    return verify_token_range(path, split, vocab_size)
+
+
+def load_any(path: str, split: str, seq_len: int):
+    """A split object with len() and take(rows) (and limit(n)) in whichever format the dir holds."""
+    fmt = dataset_format(path)
+    if fmt == "pretok":
+        from trainperf.data.pretok import PackedTokenSplit
+
+        return PackedTokenSplit(path, split, seq_len)
+    if fmt.startswith("govreport"):
+        from trainperf.data.govreport import load_govreport
+
+        return load_govreport(path, split)
+    return load_split(path, split)

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 from trainperf.model import checkpoint as ckpt
-from trainperf.data.tokens import inspect_dataset, verify_token_range
+from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.parallel.parallelize import layout_string
 from trainperf.specs import RunSpec, SpecError, resolve_spec, set_value, validate
 from trainperf.workloads import get_workload
+from trainperf.workloads.mlperf import check_closed_rules, mark_open_if_shrunk
 
 
 def external_launcher() -> str | None:
@@ -64,6 +65,7 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
             raise SpecError("hardware.device=cuda but no CUDA device is visible; use hardware.device=cpu or auto")
         if world_size > torch.cuda.device_count() and external_launcher() is None:
             raise SpecError(f"--nproc-per-node {world_size} exceeds the {torch.cuda.device_count()} visible GPUs")
+    check_closed_rules(spec, architecture=False)  # a fixed hyperparameter changed in closed: say so first
     validate(spec, world_size)
     if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
         _apply_checkpoint_config(spec, world_size)
@@ -72,11 +74,13 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
         _apply_checkpoint_config(spec, world_size)
     if not spec.data.path:
         raise SpecError(f"workload {workload!r} needs data.path (a dataset directory)")
-    rows = inspect_dataset(spec.data.path, spec.data.seq_len, spec.model.vocab_size)
+    rows = inspect_any(spec.data.path, spec.data.seq_len, spec.model.vocab_size)
+    check_closed_rules(spec, rows)
+    mark_open_if_shrunk(spec)
     # A verification pass over the token ids, before init (like a dataset checksum check): a bad
     # dataset must stop the run before anything is launched or stored, not inside the timed region.
     for split in ("train", "validation"):
-        verify_token_range(spec.data.path, split, spec.model.vocab_size)
+        verify_any(spec.data.path, split, spec.model.vocab_size)
     if rows["train"] < spec.train.global_batch_size:
         raise SpecError(f"data.path {spec.data.path!r} has {rows['train']} training rows, fewer than one global batch "
                         f"({spec.train.global_batch_size})")

@@ -4,8 +4,9 @@ Every term names its source. Notation: L layers, h hidden, h_kv = kv_heads·head
 V vocab, S sequence, b micro-batch, t tp, c cp, p pp, v stages per pipeline rank, d = dp_shard·cp
 (the FSDP group), R = dp_replicate, m = micro-batches per step per data-parallel rank.
 
-The memory terms follow this engine (trainperf's FSDP2 keeps fp32 master copies of *every*
-parameter, frozen ones included, and gathers bf16 copies to compute) and were checked against
+The memory terms follow this engine (trainperf's FSDP2 keeps fp32 masters of the trainable
+parameters -- and of a LoRA run's frozen base only with hardware.frozen_dtype=fp32; by default that
+base is stored in bf16 -- and gathers bf16 copies to compute) and were checked against
 torch.cuda.max_memory_allocated on 2 x H200: 1 GPU, DDP, FSDP2, TP2+SP, CP2, PP2,
 full recompute, all within 5% (docs/PLANNER.md).
 """
@@ -104,7 +105,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     psi = L_rank * p_layer + p_edge  # before TP and FSDP
     psi_train = metrics.lora_params(m, lo) / pp if lo.enabled else psi
     # ---- memory (bytes per GPU); ZeRO paper (arXiv 1910.02054) accounting adapted to FSDP2
-    est.memory["weights_fp32_master"] = 4.0 * psi / (t * d)
+    frozen_bytes = 4.0 if "fp32" in (spec.hardware.frozen_dtype, spec.hardware.dtype) else 2.0
+    est.memory["weights_sharded"] = (4.0 * psi_train + frozen_bytes * (psi - psi_train)) / (t * d) if lo.enabled \
+        else 4.0 * psi / (t * d)
     gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
     # + the root's LM head, never resharded after forward (backward needs it first)
     est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t

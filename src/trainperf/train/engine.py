@@ -37,6 +37,27 @@ def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
                 p.copy_(full)
 
 
+def frozen_storage_dtype(spec: RunSpec, param_dtype) -> torch.dtype | None:
+    """The dtype a LoRA run stores its frozen base in (None: leave it fp32)."""
+    h = spec.hardware
+    if not spec.lora.enabled or h.frozen_dtype == "fp32":
+        return None
+    if h.frozen_dtype == "bf16" or param_dtype == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
+def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Re-type the frozen (non-adapter) parameters of a meta model. Under FSDP2 mixed precision the
+    compute copies are bf16 anyway, so a bf16-stored base computes exactly the same values while
+    halving its memory; only the adapters keep fp32 masters (FSDP2 wants the trainable ones uniform)."""
+    for full_name, q in list(model.named_parameters()):
+        if is_adapter_param(full_name) or q.dtype == dtype:
+            continue
+        owner_name, _, leaf = full_name.rpartition(".")
+        setattr(model.get_submodule(owner_name), leaf, nn.Parameter(q.to(dtype), requires_grad=False))
+
+
 class Engine:
     def __init__(self, spec: RunSpec, mesh, device: torch.device, param_dtype):
         self.spec, self.mesh, self.device = spec, mesh, device
@@ -47,6 +68,9 @@ class Engine:
         model = build_on_meta(spec.model)
         if spec.lora.enabled:
             apply_lora(model, spec.lora)
+            frozen = frozen_storage_dtype(spec, param_dtype)
+            if frozen is not None:
+                store_frozen_base_in(model, frozen)
         if p.pp > 1:
             self.parts = split_for_pipeline(model, p, mesh["pp"].get_local_rank())
         else:

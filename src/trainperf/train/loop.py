@@ -26,13 +26,15 @@ import torch
 import torch.distributed as dist
 
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
-from trainperf.data.tokens import load_split
+from trainperf.data.tokens import load_any
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.parallelize import build_mesh, layout_string, placement
-from trainperf.specs import RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, grad_accum_steps
+from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, eval_skip_count,
+                             grad_accum_steps)
 from trainperf.train import metrics
 from trainperf.train.engine import Engine
 from trainperf.train.mlperf_log import KEYS, RunLog
+from trainperf.workloads.mlperf import hyperparameter_events
 
 
 @dataclass
@@ -255,6 +257,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     dp = data_parallel_size(p)
     accum = grad_accum_steps(spec)
     interval = eval_interval_samples(spec)
+    skip_evals = eval_skip_count(spec)
 
     log.event(KEYS.CACHE_CLEAR, True)
     log.start(KEYS.INIT_START)
@@ -264,24 +267,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     log.event(KEYS.SUBMISSION_PLATFORM, spec.mlperf.platform or f"{world}x{hw.get('gpu') or 'cpu'}")
     log.event(KEYS.SUBMISSION_STATUS, "onprem")
     log.event(KEYS.SEED, t.seed)
-    log.event(KEYS.GLOBAL_BATCH_SIZE, t.global_batch_size)
-    log.event(KEYS.GRADIENT_ACCUMULATION_STEPS, accum)
-    log.event("micro_batch_size", t.micro_batch_size)
-    log.event(KEYS.OPT_BASE_LR, t.lr)
-    log.event("opt_learning_rate_warmup_steps", t.warmup_steps)
-    log.event(KEYS.OPT_LR_TRAINING_STEPS, t.max_steps)
-    log.event(KEYS.OPT_ADAMW_BETA_1, t.beta1)
-    log.event(KEYS.OPT_ADAMW_BETA_2, t.beta2)
-    log.event(KEYS.OPT_ADAMW_EPSILON, t.eps)
-    log.event(KEYS.OPT_ADAMW_WEIGHT_DECAY, t.weight_decay)
-    log.event(KEYS.OPT_GRADIENT_CLIP_NORM, t.grad_clip)
-    log.event("sequence_length", d.seq_len)
-    log.event("tensor_parallelism", p.tp)
-    log.event("pipeline_parallelism", p.pp)
-    log.event("context_parallelism", p.cp)
-    if spec.lora.enabled:
-        log.event("lora_rank", spec.lora.rank)
-        log.event(KEYS.LORA_ALPHA, spec.lora.alpha)
+    for key, value in hyperparameter_events(spec):
+        log.event(key, value)
 
     mesh = build_mesh(p, device_type)
     engine = Engine(spec, mesh, device, resolve_param_dtype(spec, device_type))
@@ -290,6 +277,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                             weight_decay=t.weight_decay, foreach=True)
     pp_group = mesh["pp"].get_group() if p.pp > 1 else None
     dp_rank = mesh["dp"].get_local_rank()
+    untimed_warmup(engine, spec, t.untimed_warmup_steps)
     if device_type == "cuda":
         torch.cuda.synchronize()
     dist.barrier()
@@ -300,8 +288,10 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     dist.barrier()
     log.start(KEYS.RUN_START)
     run_start = time.perf_counter()
-    train_split = load_split(d.path, "train")
-    val_split = load_split(d.path, "validation")
+    train_split = load_any(d.path, "train", d.seq_len)
+    val_split = load_any(d.path, "validation", d.seq_len)
+    if d.eval_samples and d.eval_samples < len(val_split):  # e.g. llama31_8b: the first 1024 sequences
+        val_split = val_split.limit(d.eval_samples)
     log.event(KEYS.TRAIN_SAMPLES, len(train_split))
     log.event(KEYS.EVAL_SAMPLES, len(val_split))
     sampler = GlobalBatchSampler(len(train_split), t.global_batch_size, t.seed)
@@ -323,9 +313,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     for step in range(1, t.max_steps + 1):
         t_step = time.perf_counter()
         rows = sampler.global_batch(step - 1)
-        global_tokens = float(train_split.loss_mask[rows][:, 1:].sum())
-        micro = [(train_split.input_ids[mb], train_split.loss_mask[mb])
-                 for mb in split_local(rows, dp_rank, dp, t.micro_batch_size)]
+        ids, mask = train_split.take(rows)  # the step's global batch, in sampler order
+        global_tokens = float(mask[:, 1:].sum())
+        micro = [(ids[pos], mask[pos]) for pos in split_local(torch.arange(len(rows)), dp_rank, dp, t.micro_batch_size)]
         loss_local = engine.train_step(micro, global_tokens)
         grad_norm = clip_gradients(trainable, t.grad_clip, pp_group)
         opt.step()
@@ -348,7 +338,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
 
         if samples % interval == 0:
             index = samples // interval
-            if index > e.skip_first:
+            if index > skip_evals:
                 epoch_num = samples / len(train_split)
                 log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
                 log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
@@ -429,6 +419,31 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     }
 
 
+def untimed_warmup(engine: Engine, spec: RunSpec, steps: int) -> None:
+    """Before run_start: forward+backward of this rank's micro-batches and one eval batch, on random
+    tokens (the dataset is not touched before the clock starts). No optimizer step; gradients are
+    dropped and every RNG stream restored, so training afterwards is bit-identical to no warmup."""
+    if steps <= 0:
+        return
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    t, d = spec.train, spec.data
+    g = torch.Generator().manual_seed(0)
+    micro = [(torch.randint(0, spec.model.vocab_size, (t.micro_batch_size, d.seq_len), generator=g),
+              torch.ones(t.micro_batch_size, d.seq_len, dtype=torch.bool)) for _ in range(grad_accum_steps(spec))]
+    for _ in range(steps):
+        engine.train_step(micro, float(len(micro) * t.micro_batch_size * (d.seq_len - 1)))
+        for q in engine.trainable:
+            q.grad = None
+    engine.train(False)
+    eval_rows = len(micro[0][0]) * (len(micro) if spec.parallel.pp > 1 else 1)
+    engine.eval_batch(torch.cat([m[0] for m in micro])[:eval_rows], torch.cat([m[1] for m in micro])[:eval_rows])
+    engine.train(True)
+    torch.set_rng_state(cpu_rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+
+
 @torch.no_grad()
 def evaluate(engine, split, batches, device) -> float:
     """MLPerf eval loss: mean over all validation sequences of each sequence's mean target loss.
@@ -438,7 +453,7 @@ def evaluate(engine, split, batches, device) -> float:
     engine.train(False)
     acc = torch.zeros(2, dtype=torch.float64, device=device)
     for idx, weight in batches:
-        rows = engine.eval_batch(split.input_ids[idx], split.loss_mask[idx])
+        rows = engine.eval_batch(*split.take(idx))
         if rows is None:
             continue
         sums, counts = rows

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from trainperf.specs import RunSpec, SpecError
-from trainperf.workloads import mini
+from trainperf.workloads import mini, mlperf
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,14 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
+        Workload("llama2_70b_lora",
+                 "MLPerf Llama 2 70B LoRA, closed-division recipe: model.path=HF checkpoint (fused or unfused qkv), "
+                 "data.path=GovReport parquet/npy; eval loss <= 0.925. Open division: shrunken or random-weight runs",
+                 mlperf.llama2_70b_lora_defaults, mini.prepare_mlperf_lora),
+        Workload("llama31_8b",
+                 "MLPerf Llama 3.1 8B pretraining from scratch, closed-division recipe: data.path=pretok dir "
+                 "(see `trainperf data convert`); log perplexity <= 3.3 on the first 1024 validation sequences",
+                 mlperf.llama31_8b_defaults, mini.prepare_mlperf_pretrain),
         Workload("mini-pretrain",
                  "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
                  mini.mini_pretrain_defaults, mini.prepare_mini_pretrain),

@@ -260,3 +260,27 @@ def prepare_synthetic(spec: RunSpec) -> dict:
     if spec.data.path is None:
         spec.data.path = str(random_token_dataset(spec.data.train_samples, spec.data.eval_samples, spec.data.seq_len, spec.model.vocab_size))
     return {"note": "throughput probe: random weights and tokens, no reachable target; the run ends as failed"}
+
+
+def prepare_mlperf_lora(spec: RunSpec) -> dict:
+    """llama2_70b_lora: the data comes from the user. Without a checkpoint (open division only, see
+    check_closed_rules) the weights are random; without data, fabricated random-token rows of the
+    configured length: a throughput run that cannot reach the target."""
+    info: dict = {}
+    if spec.model.path is None:
+        info["note"] = "random weights (no model.path): a throughput run, open division, not comparable"
+    if spec.data.path is None and spec.mlperf.division == "open":
+        rows, eval_rows = spec.data.train_samples or 64, spec.data.eval_samples or 173
+        spec.data.path = str(random_token_dataset(rows, eval_rows, spec.data.seq_len, spec.model.vocab_size))
+        spec.data.eval_samples = 0
+        info["data"] = f"fabricated: {rows} train / {eval_rows} validation rows of random tokens"
+    return info
+
+
+def prepare_mlperf_pretrain(spec: RunSpec) -> dict:
+    if spec.data.path is None and spec.mlperf.division == "open":
+        rows = spec.data.train_samples or 64
+        spec.data.path = str(random_token_dataset(rows, spec.data.eval_samples or 8, spec.data.seq_len,
+                                                  spec.model.vocab_size))
+        return {"data": f"fabricated: {rows} rows of random tokens (throughput only)"}
+    return {}

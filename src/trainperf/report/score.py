@@ -1,0 +1,698 @@
+"""`trainperf score`: the MLPerf Training score of a set of runs, computed from their MLPerf logs.
+
+Every number comes from the runs' mllog files (``:::MLLOG {json}`` lines) and every rule from the
+installed ``mlperf_logging`` package, which is the source of truth:
+
+* run time = ``run_stop.time_ms - run_start.time_ms`` (minutes); a run converged when its ``run_stop``
+  carries ``metadata.status == "success"``;
+* runs required per benchmark: ``mlperf_logging.benchmark_meta.get_result_file_counts``;
+* olympic mean: ``result_summarizer._compute_olympic_average`` (drop fastest and slowest; one
+  non-converged run counts as the slowest; more than one -> no valid score), the same call and the
+  same ``max_dropped_scores`` rule as ``result_summarizer._compute_strong_score_standalone``;
+* RCP check: ``rcp_checker.check_directory(..., rcp_pass='pruned_rcps', set_scaling=True)`` exactly as
+  the package checker calls it, on a staging folder of ``result_*.txt`` copies; the scaling factor is
+  read back from the ``scaling.json`` it writes (``result_summarizer._get_scaling_factor``), and the
+  reference it compared against (RCP mean, minimum acceptable mean, interpolated or not) is found with
+  the same ``RCP_Checker`` methods;
+* ``--export``: a submission-package folder that ``python -m mlperf_logging.package_checker ORG_DIR
+  training RULESET`` accepts; :func:`check_package` runs the same checks in-process.
+
+Bad input (unknown run id, unreadable log, mixed benchmarks / GBS / divisions, unsupported ruleset)
+raises :class:`trainperf.specs.SpecError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from trainperf.specs import SpecError
+
+USAGE = "training"
+DEFAULT_RULESET = "6.0.0"
+RCP_PASS = "pruned_rcps"  # what the package checker and the result summarizer use
+
+# MLPerf `submission_status` values (mllog constants) -> system description `status` values the
+# system_desc_checker accepts from ruleset 4.x on.
+_AVAILABILITY = {
+    "onprem": "Available on-premise",
+    "cloud": "Available cloud",
+    "research": "Research, Development, or Internal (RDI)",
+    "preview": "Preview",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# One run, read from its MLPerf log
+
+
+@dataclass
+class RunResult:
+    """What a score needs from one run's MLPerf log (plus store metadata when it came from the store)."""
+
+    path: str
+    run_id: str | None = None
+    benchmark: str | None = None
+    division: str | None = None
+    org: str | None = None
+    platform: str | None = None
+    submission_status: str | None = None
+    gbs: Any = None
+    seeds: list = field(default_factory=list)
+    run_start_ms: float | None = None
+    run_stop_ms: float | None = None
+    stop_status: str | None = None  # run_stop metadata.status; None when the log has no run_stop
+    samples_to_converge: int | None = None  # samples_count of the last eval_accuracy before a successful run_stop
+    number_of_nodes: Any = None
+    accelerators_per_node: Any = None
+    parse_errors: int = 0
+    hardware: dict = field(default_factory=dict)
+    software: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.run_id or self.path
+
+    @property
+    def has_times(self) -> bool:
+        return self.run_start_ms is not None and self.run_stop_ms is not None
+
+    @property
+    def success(self) -> bool:
+        return self.stop_status == "success" and self.has_times
+
+    @property
+    def minutes(self) -> float | None:
+        if not self.has_times:
+            return None
+        return (self.run_stop_ms - self.run_start_ms) / 60 / 1000  # as result_summarizer: ms -> minutes
+
+    @property
+    def failure(self) -> str | None:
+        if self.success:
+            return None
+        if self.run_start_ms is None:
+            return "no run_start"
+        if self.run_stop_ms is None:
+            return "no run_stop (incomplete log)"
+        return f"run_stop status {self.stop_status!r}"
+
+
+def _check_ruleset(ruleset: str) -> None:
+    from mlperf_logging.compliance_checker.mlp_compliance import rule_choices
+
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    if ruleset not in rule_choices() or not os.path.isdir(os.path.join(os.path.dirname(rcp_checker.__file__),
+                                                                       f"{USAGE}_{ruleset}")):
+        rcp_versions = sorted(d.split("_", 1)[1] for d in os.listdir(os.path.dirname(rcp_checker.__file__))
+                              if d.startswith(f"{USAGE}_"))
+        raise SpecError(f"--ruleset {ruleset!r}: not a training ruleset with RCPs in the installed mlperf_logging "
+                        f"(valid: {', '.join(rcp_versions)})")
+
+
+def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: str | None = None) -> RunResult:
+    """Parse one MLPerf log with mlperf_logging's own parser; SpecError if it is no usable MLPerf log."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    path = str(path)
+    label = f"run {run_id}: " if run_id else ""
+    if not os.path.isfile(path):
+        raise SpecError(f"{label}MLPerf log {path!r} does not exist")
+    try:
+        loglines, errors = parse_file(path, ruleset=ruleset)
+    except OSError as exc:
+        raise SpecError(f"{label}cannot read MLPerf log {path!r} ({exc.strerror or exc})") from None
+    if not loglines:
+        raise SpecError(f"{label}{path!r} has no ':::MLLOG' lines: not an MLPerf log")
+    r = RunResult(path=path, run_id=run_id, parse_errors=len(errors))
+    last_eval_samples = None
+    for ll in loglines:
+        v = ll.value if isinstance(ll.value, dict) else {}
+        value, meta = v.get("value"), v.get("metadata") or {}
+        k = ll.key
+        if k == "submission_benchmark":
+            r.benchmark = value
+        elif k == "submission_division":
+            r.division = value
+        elif k == "submission_org":
+            r.org = value
+        elif k == "submission_platform":
+            r.platform = value
+        elif k == "submission_status":
+            r.submission_status = value
+        elif k == "global_batch_size":
+            r.gbs = value
+        elif k == "seed":
+            r.seeds.append(value)
+        elif k == "number_of_nodes":
+            r.number_of_nodes = value
+        elif k == "accelerators_per_node":
+            r.accelerators_per_node = value
+        elif k == "run_start" and r.run_start_ms is None:
+            r.run_start_ms = ll.timestamp
+        elif k == "eval_accuracy" and r.run_stop_ms is None:
+            if "samples_count" in meta:
+                last_eval_samples = meta["samples_count"]
+        elif k == "run_stop" and r.run_stop_ms is None:
+            r.run_stop_ms = ll.timestamp
+            r.stop_status = meta.get("status")
+            if r.stop_status == "success":
+                r.samples_to_converge = last_eval_samples
+    if not r.benchmark:
+        raise SpecError(f"{label}{path!r} logs no submission_benchmark: cannot tell what it is a run of")
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: run ids, --workload, paths
+
+
+def _logs_in_dir(d: Path) -> list[Path]:
+    results = sorted(d.glob("result_*.txt"), key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+    if results:
+        return results
+    if (d / "mllog.txt").is_file():
+        return [d / "mllog.txt"]
+    return sorted(d.rglob("mllog.txt"))
+
+
+def _open_store(db: str):
+    from trainperf.store.db import Store, StoreError
+
+    if not Path(db).is_file():
+        raise SpecError(f"no results store at {db!r} (give --db, or paths to result_*.txt / mllog.txt files)")
+    try:
+        return Store(db)
+    except StoreError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _run_from_row(row: dict, ruleset: str) -> RunResult:
+    if row["status"] == "running":
+        raise SpecError(f"run {row['run_id']} is still running; score finished runs only")
+    if not row.get("mllog_path"):
+        raise SpecError(f"run {row['run_id']} has no MLPerf log recorded in the store")
+    r = read_run(row["mllog_path"], ruleset, run_id=row["run_id"])
+    for attr, col in (("hardware", "hardware_json"), ("software", "software_json")):
+        try:
+            setattr(r, attr, json.loads(row.get(col) or "{}") or {})
+        except (TypeError, ValueError):
+            pass
+    return r
+
+
+def _required_for(benchmark: str) -> int:
+    from mlperf_logging.benchmark_meta import get_result_file_counts
+
+    counts = get_result_file_counts(USAGE)
+    if benchmark not in counts:
+        raise SpecError(f"benchmark {benchmark!r} is not an MLPerf {USAGE} benchmark known to mlperf_logging")
+    return counts[benchmark]
+
+
+def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workload: str | None = None,
+                last: int | None = None, ruleset: str = DEFAULT_RULESET) -> list[RunResult]:
+    """Resolve what the user named into runs, oldest first.
+
+    ``inputs``: paths (``result_*.txt``/``mllog.txt`` files, or directories holding ``result_*.txt``,
+    an ``mllog.txt`` or run folders with one) and run ids of the store at ``db``, in any mix.
+    ``workload``: the most recent finished runs of that workload in the store; ``last`` of them
+    (default: as many as the workload's MLPerf benchmark requires).
+    """
+    _check_ruleset(ruleset)
+    inputs = list(inputs or [])
+    if workload and inputs:
+        raise SpecError("give either run ids / paths or --workload, not both")
+    if last is not None and not workload:
+        raise SpecError("--last N only goes with --workload (it picks that workload's N newest runs)")
+    if last is not None and last < 1:
+        raise SpecError(f"--last {last}: must be >= 1")
+    runs: list[RunResult] = []
+    store = None
+    try:
+        if workload:
+            store = _open_store(db)
+            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000) if r["status"] != "running"]
+            if not rows:
+                raise SpecError(f"no finished runs of workload {workload!r} in {db!r}")
+            if last is None:
+                try:
+                    bench = json.loads(rows[0]["spec_json"]).get("mlperf", {}).get("benchmark")
+                except (TypeError, ValueError, AttributeError):
+                    bench = None
+                if not bench:
+                    bench = _run_from_row(rows[0], ruleset).benchmark
+                last = _required_for(bench)
+            runs = [_run_from_row(row, ruleset) for row in rows[:last]]
+        elif not inputs:
+            raise SpecError("nothing to score: give run ids, result directories / mllog files, or --workload NAME")
+        for item in inputs:
+            p = Path(item)
+            if p.is_dir():
+                found = _logs_in_dir(p)
+                if not found:
+                    raise SpecError(f"directory {item!r} holds no result_*.txt or mllog.txt")
+                runs.extend(read_run(f, ruleset) for f in found)
+            elif p.exists():
+                runs.append(read_run(p, ruleset))
+            else:
+                if store is None:
+                    if not Path(db).is_file():
+                        raise SpecError(f"{item!r} is neither a file or directory nor a run id (no results store at {db!r})")
+                    store = _open_store(db)
+                row = store.get_run(item)
+                if row is None:
+                    raise SpecError(f"{item!r} is neither a file or directory nor a run id in {db!r}")
+                runs.append(_run_from_row(row, ruleset))
+    finally:
+        if store is not None:
+            store.close()
+    seen: dict[str, str] = {}
+    for r in runs:
+        key = os.path.realpath(r.path)
+        if key in seen:
+            raise SpecError(f"the same MLPerf log {r.path!r} was given twice ({seen[key]} and {r.name})")
+        seen[key] = r.name
+    runs.sort(key=lambda r: (r.run_start_ms is None, r.run_start_ms or 0.0))
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+@dataclass
+class Score:
+    benchmark: str
+    division: str | None
+    gbs: Any
+    ruleset: str
+    required_runs: int
+    runs: list[RunResult]
+    roles: list[str]  # per run: "counted" | "dropped: fastest" | "dropped: slowest" | "dropped: not converged"
+    olympic_mean_minutes: float | None
+    scaling_factor: float
+    score_minutes: float | None
+    valid: bool
+    reasons: list[str]
+    rcp: dict
+    export: dict | None = None
+
+    @property
+    def failed_runs(self) -> list[RunResult]:
+        return [r for r in self.runs if not r.success]
+
+    @property
+    def reason(self) -> str | None:
+        return "; ".join(self.reasons) if self.reasons else None
+
+    def to_dict(self) -> dict:
+        return {
+            "benchmark": self.benchmark, "division": self.division, "global_batch_size": self.gbs,
+            "ruleset": self.ruleset, "required_runs": self.required_runs, "runs_given": len(self.runs),
+            "score_minutes": self.score_minutes, "olympic_mean_minutes": self.olympic_mean_minutes,
+            "scaling_factor": self.scaling_factor,
+            "run_times_minutes": [r.minutes for r in self.runs],
+            "runs": [{"run_id": r.run_id, "path": r.path, "minutes": r.minutes, "success": r.success,
+                      "status": r.stop_status, "samples_to_converge": r.samples_to_converge,
+                      "seeds": r.seeds, "role": role} for r, role in zip(self.runs, self.roles)],
+            "failed_runs": [{"run_id": r.run_id, "path": r.path, "reason": r.failure} for r in self.failed_runs],
+            "valid": self.valid, "reason": self.reason, "rcp": self.rcp, "export": self.export,
+        }
+
+
+def _max_dropped(benchmark: str) -> int:
+    # the rule hard-coded in result_summarizer._compute_strong_score_standalone (and the package checker)
+    return 4 if benchmark == "unet3d" else 1
+
+
+def olympic_mean(minutes: list[float], n_failed: int, benchmark: str) -> float | None:
+    """result_summarizer's olympic average: None with too many failures or nothing left after dropping."""
+    from mlperf_logging.result_summarizer import result_summarizer as rs
+
+    max_dropped = _max_dropped(benchmark)
+    if n_failed > max_dropped:
+        return None
+    return rs._compute_olympic_average(list(minutes), n_failed, max_dropped)
+
+
+def _roles(runs: list[RunResult], benchmark: str, counted: bool) -> list[str]:
+    roles = ["dropped: not converged" if not r.success else "counted" for r in runs]
+    n_failed = len(runs) - sum(r.success for r in runs)
+    if not counted:
+        return [role if role != "counted" else "-" for role in roles]
+    k = _max_dropped(benchmark)
+    order = sorted((i for i, r in enumerate(runs) if r.success), key=lambda i: runs[i].minutes)
+    for i in order[:k]:
+        roles[i] = "dropped: fastest"
+    for i in order[len(order) - (k - n_failed):] if k - n_failed > 0 else []:
+        roles[i] = "dropped: slowest"
+    return roles
+
+
+@contextlib.contextmanager
+def _captured_logging() -> Iterator[list[logging.LogRecord]]:
+    """mlperf_logging reports through the root logger (and the compliance checker prints nothing to
+    stdout); collect its records instead of letting them reach the terminal."""
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    root = logging.getLogger()
+    handler, level = _Keep(logging.INFO), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield records
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def _rcp_reference(checker, bs) -> tuple[str | None, dict | None, str]:
+    """The reference rcp_checker.check_directory compares against, found the same way (pruned RCPs)."""
+    data = checker._get_rcp_data(RCP_PASS)
+    name = lambda rec: next((n for n, c in data.items() if c is rec), None)  # noqa: E731
+    rec = checker._find_rcp(bs, RCP_PASS)
+    if rec is not None:
+        return name(rec), rec, "rcp"
+    lo, hi = checker._find_top_min_rcp(bs, RCP_PASS), checker._find_bottom_max_rcp(bs, RCP_PASS)
+    if lo is not None and hi is not None:
+        interp_name, interp = checker._create_interp_rcp(bs, lo, hi)
+        return f"{interp_name} (between {name(lo)} and {name(hi)})", interp, "interpolated"
+    if lo is None and hi is not None:
+        rec = checker._find_min_rcp(RCP_PASS)
+        return name(rec), rec, "smallest-gbs rcp"
+    return None, None, "missing"
+
+
+def _stage(runs: list[RunResult], folder: Path) -> list[Path]:
+    out = []
+    for i, r in enumerate(runs):
+        dest = folder / f"result_{i}.txt"
+        shutil.copyfile(r.path, dest)
+        out.append(dest)
+    return out
+
+
+def rcp_check(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> dict:
+    """RCP check of a closed-division set of runs, as the package checker runs it, plus the reference used."""
+    import numpy as np
+    from mlperf_logging.rcp_checker import rcp_checker
+    from mlperf_logging.result_summarizer import result_summarizer as rs
+
+    benchmark, gbs = runs[0].benchmark, runs[0].gbs
+    for r in runs:
+        if r.success and r.samples_to_converge is None:
+            raise SpecError(f"{r.name}: run_stop says success but no eval_accuracy with samples_count precedes it "
+                            "(the RCP check needs samples to converge)")
+    with tempfile.TemporaryDirectory(prefix="trainperf-rcp-") as tmp, _captured_logging() as records, \
+            warnings.catch_warnings():
+        _stage(runs, Path(tmp))
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy: mean of an empty slice when < 3 runs
+        try:
+            passed, msg, norm = rcp_checker.check_directory(tmp, USAGE, ruleset, False, False, rcp_file=None,
+                                                            rcp_pass=RCP_PASS, rcp_bypass=False, set_scaling=True)
+            scaling = float(rs._get_scaling_factor(tmp))
+            checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
+        except (KeyError, ValueError, TypeError, UnboundLocalError, OSError) as exc:
+            raise SpecError(f"the RCP checker could not read these logs ({type(exc).__name__}: {exc})") from None
+    samples = [r.samples_to_converge if r.success else None for r in runs]
+    out = {"applicable": True, "passed": bool(passed), "message": msg, "ruleset": ruleset, "rcp_pass": RCP_PASS,
+           "global_batch_size": gbs, "reference": None, "kind": None, "rcp_mean": None, "min_acceptable_mean": None,
+           "submission_mean": None, "samples_to_converge": samples, "scaling_factor": scaling,
+           "normalization_factor": float(norm),
+           "log": [f"{rec.levelname}: {rec.getMessage().strip()}" for rec in records if rec.levelno >= logging.WARNING]}
+    if isinstance(gbs, (int, float)) and not isinstance(gbs, bool):
+        ref_name, ref, kind = _rcp_reference(checker, gbs)
+        out["reference"], out["kind"] = ref_name, kind
+        if ref is not None:
+            out["rcp_mean"] = float(ref["RCP Mean"])
+            out["min_acceptable_mean"] = float(ref["RCP Mean"] / ref["Max Speedup"])
+    # the submission mean as rcp_checker._eval_submission_record computes it (failed run = 1e9, dropped as slowest)
+    epochs = sorted(s if s is not None else 1e9 for s in samples)
+    k = 4 if benchmark == "unet3d" else 1
+    counted = epochs[k:len(epochs) - k]
+    if counted and sum(1 for s in samples if s is None) <= k:
+        out["submission_mean"] = float(np.mean(counted))
+    return out
+
+
+def score_runs(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> Score:
+    """Olympic mean, RCP check and validity of a set of runs of one benchmark (SpecError if they do not form one)."""
+    from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+
+    _check_ruleset(ruleset)
+    if not runs:
+        raise SpecError("no runs to score")
+    benches = sorted({r.benchmark for r in runs})
+    if len(benches) > 1:
+        raise SpecError(f"runs of different benchmarks cannot be scored together: {', '.join(benches)}")
+    benchmark = benches[0]
+    required = _required_for(benchmark)
+    if benchmark not in get_allowed_benchmarks(USAGE, ruleset):
+        raise SpecError(f"benchmark {benchmark!r} is not part of MLPerf {USAGE} {ruleset} (see --ruleset)")
+    gbss = {json.dumps(r.gbs) for r in runs}
+    if len(gbss) > 1:
+        raise SpecError("runs with different global_batch_size cannot be scored together: "
+                        + ", ".join(sorted(gbss)))
+    divisions = {r.division for r in runs}
+    if len(divisions) > 1:
+        raise SpecError("runs of different divisions cannot be scored together: "
+                        + ", ".join(sorted(str(d) for d in divisions)))
+    division, gbs = runs[0].division, runs[0].gbs
+
+    ok = [r for r in runs if r.success]
+    n_failed = len(runs) - len(ok)
+    max_dropped = _max_dropped(benchmark)
+    raw = olympic_mean([r.minutes for r in ok], n_failed, benchmark)
+
+    reasons: list[str] = []
+    if n_failed > max_dropped:
+        reasons.append(f"{n_failed} of {len(runs)} runs did not converge; olympic scoring drops at most "
+                       f"{max_dropped} ({', '.join(f'{r.name}: {r.failure}' for r in runs if not r.success)})")
+    if len(runs) != required:
+        reasons.append(f"not a valid MLPerf score ({len(runs)} of {required} runs)" if len(runs) < required else
+                       f"not a valid MLPerf score ({len(runs)} runs; {benchmark} is scored on exactly {required})")
+    if raw is None and n_failed <= max_dropped:
+        reasons.append(f"too few converged runs ({len(ok)}) for an olympic mean")
+
+    if division == "closed":
+        rcp = rcp_check(runs, ruleset)
+        if not rcp["passed"]:
+            reasons.append(f"RCP check failed: {rcp['message']}")
+    else:
+        note = "RCP check not applicable (open division)" if division == "open" else \
+            f"RCP check not applicable (division {division!r})"
+        rcp = {"applicable": False, "passed": None, "message": note, "scaling_factor": 1.0}
+    scaling = float(rcp.get("scaling_factor") or 1.0)
+    score = raw * scaling if raw is not None else None
+    return Score(benchmark=benchmark, division=division, gbs=gbs, ruleset=ruleset, required_runs=required, runs=runs,
+                 roles=_roles(runs, benchmark, counted=raw is not None), olympic_mean_minutes=raw,
+                 scaling_factor=scaling, score_minutes=score, valid=not reasons, reasons=reasons, rcp=rcp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Submission-package export and the package checker
+
+
+def _safe_name(s: str) -> str:
+    s = re.sub(r"[^\w.+-]+", "_", str(s)).strip("._")
+    return s or "unnamed"
+
+
+def _one(values: list, what: str, option: str) -> str:
+    vals = sorted({v for v in values if v not in (None, "")})
+    if not vals:
+        raise SpecError(f"the logs carry no {what}; give {option}")
+    if len(vals) > 1:
+        raise SpecError(f"the logs carry different {what} values ({', '.join(map(str, vals))}); give {option}")
+    return vals[0]
+
+
+def system_description(score: Score, org: str, system: str) -> dict:
+    """A system description with every field system_desc_checker requires; what the logs and the store do
+    not say is left empty for the submitter to fill in."""
+    from trainperf import __version__
+
+    runs = score.runs
+    hw = next((r.hardware for r in runs if r.hardware), {})
+    sw = next((r.software for r in runs if r.software), {})
+    first = lambda attr: next((getattr(r, attr) for r in runs if getattr(r, attr) not in (None, "")), None)  # noqa: E731
+    nodes = first("number_of_nodes")
+    per_node = first("accelerators_per_node")
+    if per_node is None and hw.get("device") == "cuda":
+        per_node = hw.get("gpus")
+    if nodes is None and per_node is not None and hw:
+        nodes = 1  # a single-host trainperf launch
+    status = _AVAILABILITY.get(str(first("submission_status") or "").lower(), _AVAILABILITY["research"])
+    software = ", ".join(f"{k} {v}" for k, v in sw.items() if isinstance(v, (str, int, float))) if sw else ""
+    desc = {
+        "submitter": org,
+        "division": score.division or "open",
+        "status": status,
+        "system_name": system,
+        "number_of_nodes": "" if nodes is None else str(nodes),
+        "host_processors_per_node": "",
+        "host_processor_model_name": str(hw.get("cpu") or ""),
+        "host_processor_core_count": str(hw.get("cores") or ""),
+        "host_processor_vcpu_count": "",
+        "host_processor_frequency": "",
+        "host_processor_caches": "",
+        "host_processor_interconnect": "",
+        "host_memory_capacity": "",
+        "host_storage_type": "",
+        "host_storage_capacity": "",
+        "host_networking": "",
+        "host_networking_topology": "",
+        "host_memory_configuration": "",
+        "accelerators_per_node": "" if per_node is None else str(per_node),
+        "accelerator_model_name": str(hw.get("gpu") or ""),
+        "accelerator_host_interconnect": "",
+        "accelerator_frequency": "",
+        "accelerator_on-chip_memories": "",
+        "accelerator_memory_configuration": "",
+        "accelerator_memory_capacity": f"{hw['memory_gib']} GiB" if hw.get("memory_gib") else "",
+        "accelerator_interconnect": "",
+        "accelerator_interconnect_topology": "",
+        "cooling": "",
+        "hw_notes": "generated by `trainperf score --export`; fill in the empty fields before submitting",
+        "framework": f"trainperf {__version__}",
+        "other_software_stack": software,
+        "operating_system": "",
+        "sw_notes": "",
+    }
+    return desc
+
+
+def export_package(score: Score, dest: str | os.PathLike, org: str | None = None, system: str | None = None,
+                   check: bool = True) -> dict:
+    """Write ``dest/<org>/{results/<system>/<benchmark>/result_N.txt, systems/<system>.json,
+    benchmarks/<benchmark>/implementations/trainperf/README.md}``; with ``check``, run the package checker."""
+    try:
+        return _export_package(score, dest, org, system, check)
+    except OSError as exc:
+        raise SpecError(f"--export {str(dest)!r}: cannot write the package ({exc.strerror or exc})") from None
+
+
+def _export_package(score: Score, dest, org, system, check: bool) -> dict:
+    org = _safe_name(org or _one([r.org for r in score.runs], "submission_org", "--org"))
+    system = _safe_name(system or _one([r.platform for r in score.runs], "submission_platform", "--system"))
+    root = Path(dest) / org
+    bench_dir = root / "results" / system / score.benchmark
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    for stale in list(bench_dir.glob("result_*.txt")) + [bench_dir / "scaling.json"]:
+        stale.unlink(missing_ok=True)
+    results = [str(p) for p in _stage(score.runs, bench_dir)]
+    if score.division == "closed" and score.scaling_factor != 1.0:
+        # what rcp_checker.check_directory(set_scaling=True) writes; result_summarizer reads it
+        (bench_dir / "scaling.json").write_text(json.dumps({"scaling_factor": score.scaling_factor}))
+    systems = root / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    sys_file = systems / f"{system}.json"
+    sys_file.write_text(json.dumps(system_description(score, org, system), indent=2) + "\n")
+    impl = root / "benchmarks" / score.benchmark / "implementations" / "trainperf"
+    impl.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {score.benchmark}: trainperf", "",
+             f"Runs exported by `trainperf score --export` for MLPerf {USAGE} {score.ruleset} "
+             f"({score.division or 'unknown'} division, global batch size {score.gbs}).", "",
+             "| result file | run | minutes | status |", "|---|---|---|---|"]
+    for f, r in zip(results, score.runs):
+        mins = "-" if r.minutes is None else f"{r.minutes:.3f}"
+        lines.append(f"| {Path(f).name} | {r.run_id or r.path} | {mins} | {r.stop_status or r.failure} |")
+    lines += ["", f"Score: {'-' if score.score_minutes is None else f'{score.score_minutes:.3f}'} minutes "
+              f"({'valid' if score.valid else 'not valid: ' + str(score.reason)}).",
+              "", "The training code is trainperf (`trainperf run <workload>`); see its repository.", ""]
+    (impl / "README.md").write_text("\n".join(lines))
+    out = {"dir": str(root), "results": results, "system_json": str(sys_file), "org": org, "system": system}
+    if check:
+        out["package_check"] = check_package(root, score.ruleset)
+    return out
+
+
+def check_package(org_dir: str | os.PathLike, ruleset: str = DEFAULT_RULESET) -> dict:
+    """The package checker's system-description and result-file checks, in-process.
+
+    ``python -m mlperf_logging.package_checker`` exits 0 whatever it finds (it only logs
+    "PACKAGE CHECKER FOUND [NO] ERRORS"), so the verdict comes from the two check functions it calls.
+    Note that, like the package checker, this (re)writes ``scaling.json`` in closed benchmark folders.
+    """
+    from mlperf_logging.package_checker import package_checker as pc
+
+    with _captured_logging() as records:
+        systems_ok = pc.check_systems(str(org_dir), USAGE, ruleset)
+        results_ok = pc.check_training_result_files(str(org_dir), USAGE, ruleset, quiet=False, werror=False,
+                                                    rcp_bypass=False, rcp_bert_train_samples=False,
+                                                    seed_checker_bypass=False)
+    errors = [r.getMessage().strip() for r in records if r.levelno >= logging.ERROR]
+    return {"passed": bool(systems_ok and results_ok), "systems_ok": bool(systems_ok),
+            "results_ok": bool(results_ok), "errors": errors,
+            "warnings": [r.getMessage().strip() for r in records if r.levelno == logging.WARNING]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_min(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def print_score(score: Score, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=None if Console().is_terminal else 200)
+    table = Table(title=f"trainperf score: {score.benchmark} ({score.division or '?'} division, GBS {score.gbs}, "
+                        f"ruleset {score.ruleset}) -- {len(score.runs)} of {score.required_runs} runs")
+    for col, justify in (("#", "right"), ("run", "left"), ("seed", "right"), ("status", "left"),
+                         ("minutes", "right"), ("samples", "right"), ("olympic", "left")):
+        table.add_column(col, justify=justify)
+    for i, (r, role) in enumerate(zip(score.runs, score.roles)):
+        status = "[green]success[/green]" if r.success else f"[red]{r.failure}[/red]"
+        seed = ",".join(str(s) for s in r.seeds) or "-"
+        table.add_row(str(i), r.run_id or r.path, seed, status, _fmt_min(r.minutes),
+                      "-" if r.samples_to_converge is None else str(r.samples_to_converge), role)
+    console.print(table)
+    console.print(f"olympic mean   {_fmt_min(score.olympic_mean_minutes)} min")
+    rcp = score.rcp
+    if not rcp.get("applicable"):
+        console.print(f"RCP            {rcp['message']}")
+    else:
+        verdict = "[green]pass[/green]" if rcp["passed"] else "[red]FAIL[/red]"
+        sub = rcp.get("submission_mean")
+        console.print(f"RCP            {verdict} ({rcp['message']}; {rcp.get('reference') or 'no reference'})")
+        if rcp.get("rcp_mean") is not None:
+            console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} samples, RCP mean "
+                          f"{rcp['rcp_mean']:.1f}, minimum acceptable {rcp['min_acceptable_mean']:.1f}")
+    console.print(f"scaling factor {score.scaling_factor:.4f}")
+    verdict = "[green]valid MLPerf score[/green]" if score.valid else "[red]not valid[/red]"
+    console.print(f"score          {_fmt_min(score.score_minutes)} min  ({verdict})")
+    if not score.valid:
+        for reason in score.reasons:
+            console.print(f"  - {reason}")
+    if score.export:
+        console.print(f"exported       {score.export['dir']}")
+        chk = score.export.get("package_check")
+        if chk is not None:
+            console.print("package check  " + ("[green]passed[/green]" if chk["passed"] else
+                                               "[red]FAILED[/red]: " + " | ".join(chk["errors"][:5])))
+
+
+__all__ = ["RunResult", "Score", "read_run", "gather_runs", "olympic_mean", "rcp_check", "score_runs",
+           "system_description", "export_package", "check_package", "print_score"]

@@ -1,0 +1,228 @@
+"""The MLPerf Training LLM workloads as the rules define them: ``llama2_70b_lora`` (closed division:
+Llama-2-70B, fused-QKV LoRA on GovReport) and ``llama31_8b`` (pretraining from scratch on C4).
+
+Each benchmark is three things here:
+  * its reference recipe as the workload's defaults (shared/research/mlperf_spec.md, sections 1 and 2),
+  * the closed-division rules -- which values are fixed and which are tunable -- checked before launch
+    (``check_closed_rules``); a run that breaks one must say ``mlperf.division=open``,
+  * the hyperparameters its MLPerf log must carry (``hyperparameter_events``), which the
+    ``mlperf_logging`` compliance checker verifies.
+Shrunken runs (fewer layers, shorter sequences, fabricated data) are open division and are flagged
+not comparable.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec,
+                             SpecError, TrainSpec, grad_accum_steps)
+
+# ---------------------------------------------------------------------------------------------
+# llama2_70b_lora
+
+LLAMA2_70B = ModelSpec(name="llama2-70b", vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_layers=80,
+                       num_heads=64, num_kv_heads=8, rope_theta=10000.0, rms_norm_eps=1e-5,
+                       max_position_embeddings=8192, fused_qkv=True)
+LORA_TRAIN_ROWS, LORA_EVAL_ROWS = 3901, 173  # the preprocessed GovReport set (NVIDIA v4.1 logs)
+LORA_EVAL_EVERY = 384
+LORA_TARGET = 0.925
+
+
+def lora_skipped_evals(global_batch_size: int) -> int:
+    """Rules (PR #540): skip the first FLOOR(0.125 * GBS + 2) evaluations."""
+    return math.floor(0.125 * global_batch_size + 2)
+
+
+def llama2_70b_lora_defaults() -> RunSpec:
+    return RunSpec(
+        workload="llama2_70b_lora",
+        model=ModelSpec(**LLAMA2_70B.__dict__),
+        lora=LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["qkv_proj", "o_proj"]),
+        parallel=ParallelSpec(),
+        # the reference trains with gradient checkpointing; `tune` finds whether a layout can afford less
+        train=TrainSpec(micro_batch_size=1, global_batch_size=8, lr=4e-4, min_lr_ratio=0.0, warmup_steps=0,
+                        weight_decay=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip=0.3, max_steps=1024,
+                        recompute="full", log_every=10, seed=-1, untimed_warmup_steps=2),
+        data=DataSpec(seq_len=8192, train_samples=64),  # train_samples: rows fabricated when open and no data.path
+        eval=EvalSpec(every_samples=LORA_EVAL_EVERY, skip_first=-1, target=LORA_TARGET, batch_size=1),
+        mlperf=MLPerfSpec(benchmark="llama2_70b_lora", division="closed", comparable=True),
+    )
+
+
+# (spec attribute, value the closed division fixes it to, why) -- rules table "llama2_70b_lora"
+LORA_FIXED = (
+    ("lora.rank", 16, "fixed to 16 in the closed division"),
+    ("lora.alpha", 32.0, "fixed to the reference (32)"),
+    ("lora.dropout", 0.1, "fixed to the reference (0.1)"),
+    ("lora.target_modules", ["qkv_proj", "o_proj"], "the reference adapts the fused qkv_proj and o_proj"),
+    ("model.fused_qkv", True, "the reference model has a fused qkv_proj"),
+    ("train.weight_decay", 1e-4, "opt_weight_decay is fixed to 0.0001"),
+    ("train.grad_clip", 0.3, "opt_gradient_clip_norm is fixed to 0.3"),
+    ("train.beta1", 0.9, "AdamW betas are the reference's (0.9, 0.999)"),
+    ("train.beta2", 0.999, "AdamW betas are the reference's (0.9, 0.999)"),
+    ("train.eps", 1e-8, "AdamW epsilon is the reference's (1e-8)"),
+    ("train.min_lr_ratio", 0.0, "the reference's cosine decays to 0"),
+    ("data.seq_len", 8192, "sequence_length is fixed to the reference (8192)"),
+    ("eval.every_samples", LORA_EVAL_EVERY, "the rules evaluate every 384 samples"),
+    ("eval.skip_first", -1, "the rules skip FLOOR(0.125*GBS+2) evals (-1 applies that)"),
+    ("eval.target", LORA_TARGET, "the quality target is eval loss 0.925"),
+)
+LORA_TUNABLE = "train.global_batch_size, train.lr, train.warmup_steps, train.max_steps, train.decay_steps"
+
+# ---------------------------------------------------------------------------------------------
+# llama31_8b
+
+LLAMA31_8B = ModelSpec(name="llama3.1-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                       num_heads=32, num_kv_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       max_position_embeddings=8192, init_std=0.02)
+PRETRAIN_MAX_STEPS = 1_200_000
+PRETRAIN_EVAL_ROWS = 1024
+PRETRAIN_EVAL_EVERY = 12_288
+PRETRAIN_TARGET = 3.3
+
+
+def llama31_8b_defaults() -> RunSpec:
+    """RCP point GBS 32: lr 8e-4, 4096 warmup samples (rcps_llama31_8b.json, 5.1.0-6.0.0)."""
+    gbs, warmup_samples = 32, 4096
+    warmup = warmup_samples // gbs
+    return RunSpec(
+        workload="llama31_8b",
+        model=ModelSpec(**LLAMA31_8B.__dict__),
+        lora=LoRASpec(rank=0),
+        parallel=ParallelSpec(),
+        train=TrainSpec(micro_batch_size=1, global_batch_size=gbs, lr=8e-4, min_lr_ratio=0.1, warmup_steps=warmup,
+                        decay_steps=PRETRAIN_MAX_STEPS - warmup, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-5,
+                        grad_clip=1.0, max_steps=PRETRAIN_MAX_STEPS, recompute="selective", log_every=10, seed=-1,
+                        untimed_warmup_steps=2),
+        data=DataSpec(seq_len=8192, train_samples=64, eval_samples=PRETRAIN_EVAL_ROWS),
+        eval=EvalSpec(every_samples=PRETRAIN_EVAL_EVERY, skip_first=0, target=PRETRAIN_TARGET, batch_size=1),
+        mlperf=MLPerfSpec(benchmark="llama31_8b", division="closed", comparable=True),
+    )
+
+
+PRETRAIN_FIXED = (
+    ("lora.rank", 0, "pretraining trains every parameter"),
+    ("data.seq_len", 8192, "max_sequence_length is fixed to 8192"),
+    ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
+    ("train.beta2", 0.95, "opt_adamw_beta_2 is fixed to 0.95"),
+    ("train.eps", 1e-5, "opt_adamw_epsilon is fixed to 1e-05"),
+    ("train.weight_decay", 0.1, "opt_adamw_weight_decay is fixed to 0.1"),
+    ("train.grad_clip", 1.0, "opt_gradient_clip_norm is fixed to 1.0"),
+    ("train.min_lr_ratio", 0.1, "opt_end_learning_rate is 0.1 x the base rate"),
+    ("train.max_steps", PRETRAIN_MAX_STEPS, "max_steps is fixed to 1,200,000"),
+    ("data.eval_samples", PRETRAIN_EVAL_ROWS, "eval uses the first 1024 validation sequences"),
+    ("eval.every_samples", PRETRAIN_EVAL_EVERY, "the rules evaluate every 12,288 samples"),
+    ("eval.skip_first", 0, "no evals are skipped"),
+    ("eval.target", PRETRAIN_TARGET, "the quality target is log perplexity 3.3"),
+)
+PRETRAIN_TUNABLE = "train.global_batch_size, train.lr, train.warmup_steps"
+
+
+# ---------------------------------------------------------------------------------------------
+# The closed-division check
+
+def _get(spec: RunSpec, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(spec, section), key)
+
+
+def _same(a, b) -> bool:
+    if isinstance(b, float) and isinstance(a, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+# The architecture the closed division trains. A test may stand in a tiny model for it (it cannot
+# run a 70B model on a CPU); the recipe itself has no stand-in.
+CLOSED_ARCHITECTURES = {"llama2_70b_lora": LLAMA2_70B, "llama31_8b": LLAMA31_8B}
+CLOSED_DATA_ROWS = {"llama2_70b_lora": {"train": LORA_TRAIN_ROWS, "validation": LORA_EVAL_ROWS}}
+ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+               "rope_theta", "rms_norm_eps")
+
+
+def check_closed_rules(spec: RunSpec, data_rows: dict[str, int] | None = None, architecture: bool = True) -> None:
+    """SpecError naming the first value a closed-division run may not change. Open runs pass.
+    ``architecture=False`` before the checkpoint's config.json has set the model."""
+    if spec.mlperf.division != "closed":
+        return
+    bench = spec.mlperf.benchmark
+    rules = {"llama2_70b_lora": (LORA_FIXED, LORA_TUNABLE), "llama31_8b": (PRETRAIN_FIXED, PRETRAIN_TUNABLE)}
+    if bench not in rules:
+        raise SpecError(f"mlperf.division=closed needs the benchmark's reference workload (llama2_70b_lora or "
+                        f"llama31_8b); workload {spec.workload!r} runs open division only: use mlperf.division=open")
+    fixed, tunable = rules[bench]
+    for dotted, value, why in fixed:
+        if not _same(_get(spec, dotted), value):
+            raise SpecError(f"{dotted}={_get(spec, dotted)!r} is not allowed in the closed division ({why}: {value!r}); "
+                            f"tunable: {tunable}; or set mlperf.division=open")
+    if bench == "llama31_8b":
+        t = spec.train
+        if t.decay_steps != PRETRAIN_MAX_STEPS - t.warmup_steps:
+            raise SpecError(f"train.decay_steps={t.decay_steps}: the closed division fixes it to 1,200,000 - "
+                            f"warmup_steps = {PRETRAIN_MAX_STEPS - t.warmup_steps}")
+    arch = CLOSED_ARCHITECTURES[bench]
+    for name in ARCH_FIELDS if architecture else ():
+        if not _same(getattr(spec.model, name), getattr(arch, name)):
+            raise SpecError(f"model.{name}={getattr(spec.model, name)} is not the {arch.name} architecture "
+                            f"({getattr(arch, name)}) that the closed division trains; use mlperf.division=open")
+    if bench == "llama2_70b_lora" and not spec.model.path:
+        raise SpecError("the closed division fine-tunes the Llama-2-70B checkpoint: give model.path=DIR "
+                        "(random weights are an open-division throughput run)")
+    if bench == "llama2_70b_lora" and not spec.data.path:
+        raise SpecError("the closed division trains on the preprocessed GovReport data: give data.path=DIR")
+    if bench == "llama31_8b" and data_rows and data_rows.get("validation", 0) < PRETRAIN_EVAL_ROWS:
+        raise SpecError(f"data.path {spec.data.path!r}: validation has {data_rows.get('validation')} sequences of "
+                        f"{spec.data.seq_len} tokens; the closed division evaluates on the first {PRETRAIN_EVAL_ROWS}")
+    want = CLOSED_DATA_ROWS.get(bench)
+    if want and data_rows:
+        for split, rows in want.items():
+            if data_rows.get(split) != rows:
+                raise SpecError(f"data.path {spec.data.path!r}: {split} has {data_rows.get(split)} rows; the closed "
+                                f"division's GovReport set has {rows} (use mlperf.division=open for other data)")
+
+
+def mark_open_if_shrunk(spec: RunSpec) -> None:
+    """An open-division run is never put beside published results."""
+    if spec.mlperf.division != "closed":
+        spec.mlperf.comparable = False
+
+
+# ---------------------------------------------------------------------------------------------
+# What the MLPerf log carries (the compliance checker reads these)
+
+def hyperparameter_events(spec: RunSpec) -> list[tuple[str, object]]:
+    t, d, p, lo = spec.train, spec.data, spec.parallel, spec.lora
+    training_steps = t.decay_steps + t.warmup_steps if t.decay_steps else t.max_steps
+    events: list[tuple[str, object]] = [
+        ("global_batch_size", t.global_batch_size),
+        ("gradient_accumulation_steps", grad_accum_steps(spec)),
+        ("micro_batch_size", t.micro_batch_size),
+        ("opt_base_learning_rate", t.lr),
+        ("opt_adamw_beta_1", t.beta1),
+        ("opt_adamw_beta_2", t.beta2),
+        ("opt_adamw_epsilon", t.eps),
+        ("opt_adamw_weight_decay", t.weight_decay),
+        ("opt_gradient_clip_norm", t.grad_clip),
+        ("opt_learning_rate_warmup_steps", t.warmup_steps),
+        ("max_sequence_length", d.seq_len),
+        ("tensor_parallelism", p.tp),
+        ("pipeline_parallelism", p.pp),
+        ("context_parallelism", p.cp),
+    ]
+    if spec.mlperf.benchmark == "llama31_8b":
+        events += [
+            ("opt_name", "adamw"),
+            ("opt_end_learning_rate", t.lr * t.min_lr_ratio),
+            ("opt_learning_rate_decay_steps", t.decay_steps or max(t.max_steps - t.warmup_steps, 1)),
+            ("opt_learning_rate_decay_schedule", "cosine with linear warmup"),
+            ("max_steps", t.max_steps),
+        ]
+    else:
+        events += [
+            ("opt_learning_rate_training_steps", training_steps),
+            ("opt_learning_rate_warmup_ratio", t.warmup_steps / max(training_steps, 1)),
+        ]
+    if lo.enabled:
+        events += [("lora_rank", lo.rank), ("lora_alpha", lo.alpha), ("lora_dropout", lo.dropout)]
+    return events

@@ -1,0 +1,335 @@
+"""`trainperf score`: olympic mean, RCP check and scaling, package export, bad input -- on fabricated logs.
+
+The logs are written line by line exactly as ``mlperf_logging.mllog`` writes them (``:::MLLOG`` +
+``json.dumps`` of namespace, time_ms, event_type, key, value, metadata with file/lineno), with every key
+the ``training_6.0.0`` closed llama2_70b_lora rules require, so the package's own compliance, seed and
+RCP checkers accept them. Expected numbers are computed by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainperf.cli import main
+from trainperf.report import score as S
+from trainperf.specs import SpecError
+from trainperf.store.db import Store
+
+T0 = 1_726_852_783_639  # ms
+RCP8_MEAN = 3178.6667  # olympic mean of the GBS-8 RCP (spec section 1.9: 3178.7)
+RCP8_MIN = 2960.634  # minimum acceptable submission mean at GBS 8 (spec: 2960.6)
+
+
+def _line(t: float, event_type: str, key: str, value=None, lineno: int = 1, **meta) -> str:
+    metadata = {"file": "trainperf/train/loop.py", "lineno": lineno, **meta}
+    rec = {"namespace": "", "time_ms": int(t), "event_type": event_type, "key": key, "value": value,
+           "metadata": metadata}
+    return ":::MLLOG " + json.dumps(rec)
+
+
+def write_log(path: Path, minutes: float, seed: int, samples: int = 3456, success: bool = True, gbs: int = 8,
+              benchmark: str = "llama2_70b_lora", division: str = "closed", org: str = "Acme",
+              platform: str = "8xH200", prefix: str = "") -> Path:
+    """A full llama2_70b_lora log: init (untimed), run_start, blocks + evals every 384 samples from 1536 up to
+    ``samples``, run_stop after ``minutes`` with status success (last eval 0.924 <= 0.925) or aborted."""
+    P, S_, E = "POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END"
+    t = float(T0)
+    lines = [_line(t, P, "cache_clear", True, 10), _line(t + 1, S_, "init_start", None, 11)]
+    hparams = [("submission_benchmark", benchmark), ("submission_org", org), ("submission_division", division),
+               ("submission_status", "onprem"), ("submission_platform", platform), ("seed", seed),
+               ("global_batch_size", gbs), ("train_samples", 3901), ("eval_samples", 173),
+               ("opt_learning_rate_warmup_factor", 0.0), ("opt_adamw_weight_decay", 0.0001),
+               ("opt_gradient_clip_norm", 0.3), ("gradient_accumulation_steps", 1),
+               ("opt_learning_rate_training_steps", 1024), ("opt_base_learning_rate", 0.0004), ("lora_rank", 16),
+               ("lora_alpha", 32)]
+    lines += [_line(t + 2, P, k, v, 20 + i) for i, (k, v) in enumerate(hparams)]
+    lines.append(_line(t + 60_000, E, "init_stop", None, 50))
+    start = t + 61_000
+    stop = start + minutes * 60_000
+    lines.append(_line(start, S_, "run_start", None, 51))
+    evals = list(range(1536, samples, 384)) + [samples]
+    lines.append(_line(start + 1, S_, "block_start", None, 52, samples_count=0))
+    acc = 0.95
+    for j, sc in enumerate(evals):
+        te = start + (stop - start) * (j + 1) / (len(evals) + 1)
+        last = j == len(evals) - 1
+        acc = 0.924 if (success and last) else 0.95 - 0.002 * j
+        lines += [_line(te, E, "block_stop", None, 53, samples_count=sc),
+                  _line(te + 1, S_, "eval_start", None, 54, samples_count=sc),
+                  _line(te + 2, P, "eval_accuracy", acc, 55, samples_count=sc),
+                  _line(te + 3, E, "eval_stop", None, 56, samples_count=sc)]
+        if not last:
+            lines.append(_line(te + 4, S_, "block_start", None, 52, samples_count=sc))
+    lines.append(_line(stop, E, "run_stop", acc, 60, samples_count=evals[-1],
+                       status="success" if success else "aborted"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{prefix}{ln}\n" for ln in lines))
+    return path
+
+
+def write_set(folder: Path, minutes: list[float], samples: list[int] | int = 3456, failed: set[int] = frozenset(),
+              **kw) -> list[Path]:
+    samples = samples if isinstance(samples, list) else [samples] * len(minutes)
+    return [write_log(folder / f"result_{i}.txt", m, seed=1000 + i, samples=s, success=i not in failed, **kw)
+            for i, (m, s) in enumerate(zip(minutes, samples))]
+
+
+def score_of(paths, ruleset="6.0.0") -> S.Score:
+    return S.score_runs(S.gather_runs([str(p) for p in paths], ruleset=ruleset), ruleset=ruleset)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+TEN = [33.0, 30.0, 36.5, 31.0, 40.0, 29.0, 35.0, 32.5, 34.0, 38.0]
+# drop 29 and 40: (33 + 30 + 36.5 + 31 + 35 + 32.5 + 34 + 38) / 8 = 270 / 8
+TEN_OLYMPIC = 33.75
+
+
+# ---------------------------------------------------------------------------------------------
+# Olympic mean
+
+
+def test_ten_runs_olympic_mean_and_package_helpers_agree(tmp_path):
+    sc = score_of(write_set(tmp_path, TEN))
+    assert sc.required_runs == 10 and len(sc.runs) == 10
+    assert sc.olympic_mean_minutes == pytest.approx(TEN_OLYMPIC)
+    assert sc.score_minutes == pytest.approx(TEN_OLYMPIC) and sc.scaling_factor == 1.0  # 3456 > RCP mean: no scaling
+    assert sc.valid and sc.reasons == []
+    roles = dict(zip((r.minutes for r in sc.runs), sc.roles))
+    assert roles[29.0] == "dropped: fastest" and roles[40.0] == "dropped: slowest" and roles[33.0] == "counted"
+    # same number from the summarizer's own end-to-end function on the same folder
+    from mlperf_logging.result_summarizer import result_summarizer as rs
+
+    ref, _, factor = rs._compute_strong_score_standalone("llama2_70b_lora", "sys", False, str(tmp_path), "training",
+                                                         "6.0.0")
+    assert ref == pytest.approx(TEN_OLYMPIC) and factor == 1.0
+
+
+def test_one_failed_run_counts_as_the_slowest(tmp_path):
+    # nine converged runs; the failed one is the *fastest* by the clock (20 min) but counts as the slowest:
+    # drop 30 (fastest converged) and the failed run: (33+36.5+31+35+32.5+34+38+41) / 8 = 281 / 8
+    mins = [33.0, 30.0, 36.5, 31.0, 20.0, 35.0, 32.5, 34.0, 38.0, 41.0]
+    sc = score_of(write_set(tmp_path, mins, failed={4}))
+    assert sc.olympic_mean_minutes == pytest.approx(35.125)
+    assert sc.valid, sc.reasons
+    assert [r.path for r in sc.failed_runs] == [str(tmp_path / "result_4.txt")]
+    assert sc.roles[4] == "dropped: not converged" and sc.roles[1] == "dropped: fastest"
+    assert "dropped: slowest" not in sc.roles and sc.roles[9] == "counted"
+    assert sc.rcp["passed"] and sc.rcp["submission_mean"] == pytest.approx(3456)  # the failed run (1e9) is dropped
+
+
+def test_two_failed_runs_make_the_score_invalid(tmp_path, capsys):
+    write_set(tmp_path, TEN, failed={2, 7})
+    rc, out, _ = run_cli(capsys, "score", str(tmp_path), "--json")
+    d = json.loads(out)
+    assert rc == 1
+    assert d["valid"] is False and d["score_minutes"] is None and d["olympic_mean_minutes"] is None
+    assert "2 of 10 runs did not converge" in d["reason"]
+    assert len(d["failed_runs"]) == 2 and d["failed_runs"][0]["reason"] == "run_stop status 'aborted'"
+    assert d["rcp"]["passed"] is False and d["rcp"]["message"] == "Insufficient convergence"
+
+
+def test_fewer_runs_than_required_still_get_a_mean_but_no_valid_score(tmp_path, capsys):
+    write_set(tmp_path, [10.0, 50.0, 20.0, 40.0, 30.0])
+    rc, out, _ = run_cli(capsys, "score", str(tmp_path), "--json")
+    d = json.loads(out)
+    assert rc == 1 and d["valid"] is False
+    assert d["olympic_mean_minutes"] == pytest.approx(30.0)  # (20 + 30 + 40) / 3
+    assert "not a valid MLPerf score (5 of 10 runs)" in d["reason"]
+    assert d["required_runs"] == 10
+
+
+def test_required_runs_come_from_benchmark_meta(tmp_path, monkeypatch):
+    from mlperf_logging import benchmark_meta
+
+    monkeypatch.setitem(benchmark_meta._ALL_RESULT_FILE_COUNTS["training"], "llama2_70b_lora", 5)
+    sc = score_of(write_set(tmp_path, [10.0, 50.0, 20.0, 40.0, 30.0]))
+    assert sc.required_runs == 5 and not any("runs)" in r for r in sc.reasons)
+
+
+# ---------------------------------------------------------------------------------------------
+# RCP
+
+
+def test_rcp_pass_without_scaling_reports_reference(tmp_path):
+    sc = score_of(write_set(tmp_path, TEN, samples=[3072, 3456, 3456, 3840, 3456, 3456, 3456, 3456, 3456, 4608]))
+    rcp = sc.rcp
+    assert rcp["passed"] and rcp["message"] == "RCP found" and rcp["kind"] == "rcp"
+    assert rcp["reference"] == "llama2_70b_lora_ref_8" and rcp["global_batch_size"] == 8
+    assert rcp["rcp_mean"] == pytest.approx(RCP8_MEAN, abs=1e-3)
+    assert rcp["min_acceptable_mean"] == pytest.approx(RCP8_MIN, abs=1e-2)
+    assert rcp["submission_mean"] == pytest.approx((3456 * 7 + 3840) / 8)
+    assert rcp["scaling_factor"] == 1.0 and sc.score_minutes == pytest.approx(TEN_OLYMPIC)
+
+
+def test_rcp_scaled_between_bound_and_mean(tmp_path):
+    # olympic mean of samples drops 2688 and 4608 -> 3072, between 2960.6 and 3178.7: passes, score scaled
+    samples = [2688] + [3072] * 8 + [4608]
+    sc = score_of(write_set(tmp_path, TEN, samples=samples))
+    factor = 3178.6666666666665 / 3072
+    assert sc.rcp["passed"] and sc.rcp["submission_mean"] == pytest.approx(3072)
+    assert sc.scaling_factor == pytest.approx(factor) and sc.rcp["scaling_factor"] == pytest.approx(factor)
+    assert sc.olympic_mean_minutes == pytest.approx(TEN_OLYMPIC)
+    assert sc.score_minutes == pytest.approx(TEN_OLYMPIC * factor)
+    assert sc.valid
+
+
+def test_rcp_fail_converging_too_fast(tmp_path, capsys):
+    write_set(tmp_path, TEN, samples=2688)  # 2688 < 2960.6
+    rc, out, _ = run_cli(capsys, "score", str(tmp_path), "--json")
+    d = json.loads(out)
+    assert rc == 1 and d["valid"] is False
+    assert d["rcp"]["passed"] is False and "RCP check failed: RCP found" in d["reason"]
+    assert d["rcp"]["submission_mean"] == pytest.approx(2688) and d["scaling_factor"] == 1.0
+    assert d["score_minutes"] == pytest.approx(TEN_OLYMPIC)  # computed, but not valid
+
+
+def test_rcp_interpolated_gbs(tmp_path):
+    sc = score_of(write_set(tmp_path, TEN, samples=3456, gbs=9))
+    assert sc.rcp["message"] == "RCP Interpolation" and sc.rcp["kind"] == "interpolated"
+    assert sc.rcp["rcp_mean"] == pytest.approx(3285.3, abs=0.05)
+    assert sc.rcp["min_acceptable_mean"] == pytest.approx(3061.4, abs=0.05)
+    assert sc.rcp["passed"] and sc.scaling_factor == 1.0
+
+
+def test_open_division_skips_rcp(tmp_path, capsys):
+    write_set(tmp_path, TEN, samples=1536, division="open")  # would fail the RCP if it were checked
+    rc, out, _ = run_cli(capsys, "score", str(tmp_path))
+    assert rc == 0
+    assert "RCP check not applicable (open division)" in out
+    assert "score          33.750 min  (valid MLPerf score)" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Store inputs
+
+
+def _store_with_runs(tmp_path: Path, n: int, failed_oldest: int = 0) -> Path:
+    db = tmp_path / "t.db"
+    store = Store(db)
+    mins = [20.0, 21.0] + TEN
+    for i in range(n):
+        log = write_log(tmp_path / "runs" / f"r{i}" / "mllog.txt", mins[i], seed=i, success=i >= failed_oldest)
+        store.create_run(f"r{i}", "lora70", {"mlperf": {"benchmark": "llama2_70b_lora"}}, "dp_shard=8", 8, "closed",
+                         True, 0.925, str(log.parent))
+        store.finish_run(f"r{i}", status="success" if i >= failed_oldest else "failed", mllog_path=str(log))
+        store.conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (1000.0 + i, f"r{i}"))
+    store.close()
+    return db
+
+
+def test_workload_takes_the_newest_required_runs(tmp_path, capsys):
+    db = _store_with_runs(tmp_path, 12, failed_oldest=2)  # the two oldest failed; the newest ten are TEN
+    rc, out, _ = run_cli(capsys, "score", "--db", str(db), "--workload", "lora70", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["valid"] and d["score_minutes"] == pytest.approx(TEN_OLYMPIC)
+    assert sorted(r["run_id"] for r in d["runs"]) == sorted(f"r{i}" for i in range(2, 12))
+    rc, out, _ = run_cli(capsys, "score", "--db", str(db), "--workload", "lora70", "--last", "12", "--json")
+    assert rc == 1 and "did not converge" in json.loads(out)["reason"]
+    # explicit run ids mixed with a path
+    rc, out, _ = run_cli(capsys, "score", "--db", str(db), "r2", "r3", str(tmp_path / "runs" / "r4"), "--json")
+    d = json.loads(out)
+    assert rc == 1 and [r["run_id"] for r in d["runs"]] == ["r2", "r3", None]
+    assert d["olympic_mean_minutes"] == pytest.approx(33.0)  # 30, 33, 36.5 -> 33
+
+
+# ---------------------------------------------------------------------------------------------
+# Export + package checker
+
+
+def test_export_is_accepted_by_the_package_checker(tmp_path, capsys):
+    src = tmp_path / "src"
+    # one failed run (the last), srun-style line prefixes; RCP: drop 2688 and the failed run -> 3072, scaled;
+    # minutes: drop 29 and the failed run -> (33 + 30 + 36.5 + 31 + 40 + 35 + 32.5 + 34) / 8 = 34.0
+    samples = [2688] + [3072] * 9
+    write_set(src, TEN, samples=samples, failed={9}, prefix="0: ")
+    out_dir = tmp_path / "pkg"
+    rc, out, _ = run_cli(capsys, "score", str(src), "--export", str(out_dir), "--system", "my box", "--json")
+    d = json.loads(out)
+    assert rc == 0, d["reason"]
+    assert d["olympic_mean_minutes"] == pytest.approx(34.0)
+    assert d["scaling_factor"] == pytest.approx(3178.6666666666665 / 3072)
+    org = out_dir / "Acme"
+    bench = org / "results" / "my_box" / "llama2_70b_lora"
+    assert sorted(p.name for p in bench.glob("result_*.txt")) == [f"result_{i}.txt" for i in range(10)]
+    assert (org / "benchmarks" / "llama2_70b_lora" / "implementations" / "trainperf" / "README.md").is_file()
+    desc = json.loads((org / "systems" / "my_box.json").read_text())
+    assert desc["division"] == "closed" and desc["submitter"] == "Acme" and desc["status"] == "Available on-premise"
+    chk = d["export"]["package_check"]
+    assert chk["passed"] and chk["errors"] == [], chk
+    assert any("1 file does not comply" in w for w in chk["warnings"])  # the failed run, accepted under olympic
+    # the package checker (re)wrote scaling.json: same factor as ours
+    assert json.loads((bench / "scaling.json").read_text())["scaling_factor"] == pytest.approx(d["scaling_factor"])
+    # the summarizer reading the package gets our score
+    from mlperf_logging.result_summarizer import result_summarizer as rs
+
+    ref, _, _ = rs._compute_strong_score_standalone("llama2_70b_lora", "my_box", False, str(bench), "training", "6.0.0")
+    assert ref == pytest.approx(d["score_minutes"])
+    # and the real CLI, in a fresh interpreter (it always exits 0, so read its verdict line)
+    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(org), "training", "6.0.0",
+                           "--log_output", str(tmp_path / "pc.log")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_package_checker_rejects_a_broken_export(tmp_path):
+    # same seeds on the same line in two runs: the seed checker must refuse the exported package
+    src = tmp_path / "src"
+    paths = write_set(src, TEN)
+    paths[1].write_text(paths[1].read_text().replace('"value": 1001,', '"value": 1000,'))
+    sc = score_of(paths)
+    exp = S.export_package(sc, tmp_path / "pkg")
+    assert exp["org"] == "Acme" and exp["system"] == "8xH200"
+    assert not exp["package_check"]["passed"]
+    assert any("Seed checker failed" in e for e in exp["package_check"]["errors"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: exit 2, one line
+
+
+def _one_line_error(capsys, *args) -> str:
+    rc, out, err = run_cli(capsys, "score", *args)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainperf: error: ")
+    return lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    ok = write_log(tmp_path / "a" / "result_0.txt", 30.0, seed=1)
+    db = _store_with_runs(tmp_path, 1)
+    assert "'nope' is neither a file or directory nor a run id" in _one_line_error(capsys, "--db", str(db), "nope")
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("hello\nnot a log\n")
+    assert "no ':::MLLOG' lines" in _one_line_error(capsys, str(garbage))
+    other = write_log(tmp_path / "b" / "result_0.txt", 30.0, seed=2, benchmark="llama31_8b")
+    assert "different benchmarks" in _one_line_error(capsys, str(ok), str(other))
+    gbs16 = write_log(tmp_path / "c" / "result_0.txt", 30.0, seed=3, gbs=16)
+    assert "different global_batch_size" in _one_line_error(capsys, str(ok), str(gbs16))
+    assert "--ruleset '9.9.9'" in _one_line_error(capsys, str(ok), "--ruleset", "9.9.9")
+    assert "nothing to score" in _one_line_error(capsys)
+    assert "given twice" in _one_line_error(capsys, str(ok), str(tmp_path / "a"))
+    assert "--last N only goes with --workload" in _one_line_error(capsys, str(ok), "--last", "3")
+    assert "cannot write the package" in _one_line_error(capsys, str(ok), "--export", str(garbage))
+    # --json: the error as JSON on stdout too
+    rc, out, _ = run_cli(capsys, "score", str(garbage), "--json")
+    assert rc == 2 and json.loads(out)["exit_code"] == 2
+
+
+def test_reader_errors_are_spec_errors(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        S.read_run(tmp_path / "missing.txt")
+    nobench = tmp_path / "nobench.txt"
+    nobench.write_text(_line(T0, "POINT_IN_TIME", "cache_clear", True) + "\n")
+    with pytest.raises(SpecError, match="no submission_benchmark"):
+        S.read_run(nobench)
