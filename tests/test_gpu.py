@@ -78,3 +78,27 @@ def test_per_layer_compile_matches_eager(tmp_path):
     out, compiled = run(tmp_path, "run", "mini-lora", *THREE_STEPS, "--set", "lora.dropout=0", "--set", "train.compile=true")
     assert out.returncode == 1, out.stderr[-3000:]
     assert max(abs(a - b) for a, b in zip(compiled["losses"], eager["losses"])) < 1e-2
+
+
+def test_bf16_frozen_base_trains_identically_with_less_memory(tmp_path):
+    """hardware.frozen_dtype auto (bf16 on GPU) vs fp32 masters of the frozen base: FSDP2 computes in
+    bf16 copies either way, so the losses are bit-identical; the bf16 base holds half the bytes."""
+    out32, fp32 = run(tmp_path, "run", "mini-lora", *THREE_STEPS, "--set", "hardware.frozen_dtype=fp32")
+    out16, bf16 = run(tmp_path, "run", "mini-lora", *THREE_STEPS)
+    assert out32.returncode == 1 and out16.returncode == 1, out16.stderr[-3000:]
+    assert bf16["losses"] == fp32["losses"]
+    assert bf16["peak_mem_gib"] < fp32["peak_mem_gib"]
+
+
+@pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")
+def test_closed_recipe_schedule_on_two_gpus(tmp_path):
+    """The llama2_70b_lora recipe (shrunken, open) on fabricated GovReport parquet with FSDP over 2 GPUs:
+    the first eval after skipping 3 (1536 samples) meets the target."""
+    from trainperf.workloads import fabricate
+
+    ck = fabricate.write_base_checkpoint(tmp_path / "ck")
+    data = fabricate.write_govreport_like(tmp_path / "d", 400, 173, 512, fmt="parquet")
+    out, s = run(tmp_path, "run", "llama2_70b_lora", "--nproc-per-node", "2", "--set", f"model.path={ck}",
+                 "--set", f"data.path={data}", "--set", "data.seq_len=512", "--set", "mlperf.division=open")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert s["status"] == "success" and s["samples_to_target"] == 1536
