@@ -208,3 +208,50 @@ def test_calibration_recovers_the_elementwise_factor(tmp_path):
     assert load_gpu(str(tmp_path / "gpu.yaml")).other_s_per_token_layer_h == pytest.approx(4.0e-10)
     with pytest.raises(SpecError, match="no measured GPU runs"):
         calibrate(store, "b200")
+
+
+def test_rcp_samples_follow_the_rcp_checker_including_interpolation():
+    from trainperf.plan.search import rcp_samples
+    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+
+    spec = llama2_70b_lora_defaults()
+    assert rcp_samples(spec) == pytest.approx(3178.67, abs=0.01)  # GBS 8: olympic mean of its RCP
+    spec.train.global_batch_size = 32  # pruned RCP: interpolated between GBS 16 and 128 (spec 1.9)
+    assert rcp_samples(spec) == pytest.approx(5065.14, abs=0.01)
+    spec.mlperf.division, spec.mlperf.comparable = "open", False
+    assert rcp_samples(spec) is None  # open runs have no RCP to converge to
+
+
+def test_time_to_train_counts_the_evals_on_the_way():
+    from trainperf.plan.search import time_to_train
+    from trainperf.specs import resolve_layout
+    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+
+    spec = resolve_spec(llama2_70b_lora_defaults(), None, ["hardware.device=cuda"])
+    resolve_layout(spec, 2)
+    est = estimate(spec, PRESETS["h200"], 8)
+    # 3200 samples at GBS 8: 400 steps; evals every 384 samples -> ceil(3200/384) = 9, minus 3 skipped = 6,
+    # each over ceil(173 / 2 data-parallel ranks) = 87 rows
+    expected = 400 * est.step_time_s + 6 * 87 * est.eval_seconds_per_row
+    assert time_to_train(spec, est, 3200) == pytest.approx(expected)
+    assert 0 < est.eval_seconds_per_row < est.step_time_s / 4  # a forward is cheaper than a training sample
+
+
+def test_full_training_peak_includes_the_adamw_step_temporaries():
+    full = estimate(spec_for("lora.rank=0", "data.seq_len=4096", "train.recompute=full", "parallel.dp_shard=2",
+                             "hardware.frozen_dtype=auto"), PRESETS["h200"], 8)
+    assert full.memory["optimizer_step_transient"] > 8 * 2**30  # ~4 B per local parameter, beyond activations
+    lora = estimate(spec_for(), PRESETS["h200"], 8)
+    assert lora.memory["optimizer_step_transient"] == 0  # adapters are tiny: activations dominate
+
+
+def test_attention_pads_odd_head_dims_and_compile_shrinks_elementwise():
+    hd100 = estimate(spec_for("model.hidden_size=3200", "model.num_heads=32", "model.num_kv_heads=32",
+                              "model.intermediate_size=8640"), PRESETS["h200"], 8)
+    hd128 = estimate(spec_for("model.hidden_size=3200", "model.num_heads=25", "model.num_kv_heads=25",
+                              "model.intermediate_size=8640"), PRESETS["h200"], 8)
+    # 32 heads of 100 cost like 32 of 128; 25 heads of 128 do 25/32 of that
+    assert hd128.time["attention"] == pytest.approx(hd100.time["attention"] * 25 / 32)
+    eager, compiled = estimate(spec_for(), PRESETS["h200"], 8), estimate(spec_for("train.compile=true"), PRESETS["h200"], 8)
+    assert compiled.time["elementwise"] == pytest.approx(eager.time["elementwise"] * PRESETS["h200"].compile_other_factor)
+    assert compiled.time["gemm"] == eager.time["gemm"]

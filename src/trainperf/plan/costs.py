@@ -31,6 +31,7 @@ class Estimate:
     comm: dict[str, float] = field(default_factory=dict)  # bytes per GPU per step by dimension
     time: dict[str, float] = field(default_factory=dict)  # seconds per step by term
     step_time_s: float = 0.0
+    eval_seconds_per_row: float = 0.0  # forward only, per validation sequence, on one data-parallel rank
     tokens_per_s_per_gpu: float = 0.0
     mfu: float = 0.0
     fits: bool = True
@@ -127,18 +128,27 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     est.memory["logits_and_loss"] = 10.0 * tokens_mb * V / t
+    # torch.optim.AdamW(foreach=True) allocates sqrt(exp_avg_sq) for every local trainable parameter
+    # (4 B each) during the step, after backward has freed the activations: it raises the peak only by
+    # what it exceeds the backward-time working set by (measured: 7B full training, FSDP2 on 2 H200s)
+    backward_set = sum(est.memory.get(k, 0.0) for k in ("activations", "recompute_transient", "logits_and_loss"))
+    est.memory["optimizer_step_transient"] = max(0.0, 4.0 * psi_train / (t * d) - backward_set)
 
     # ---- compute time per micro-batch per pipeline stage (seconds)
     # the slowest stage is the last: its layers plus the LM head (the embedding is a lookup)
     n_lin_rank = (L_rank * (p_layer - 2 * h) + V * h) / t
     lin_mult = 4.0 if lo.enabled else 6.0  # frozen base: forward + input gradient only
     flops_lin = lin_mult * n_lin_rank * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb
-    flops_attn = 3.0 * 2.0 * S * m.num_heads * m.head_dim * L_rank / t * tokens_mb
+    # flash/cuDNN kernels work on head dims padded to a multiple of 64 (a 100-wide head costs 128)
+    padded_head_dim = -(-m.head_dim // 64) * 64
+    flops_attn = 3.0 * 2.0 * S * m.num_heads * padded_head_dim * L_rank / t * tokens_mb
     peak = gpu.bf16_tflops * 1e12
     t_lin = flops_lin / (peak * gpu.gemm_eff)
     attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
     t_attn = flops_attn / (peak * attn_eff)
     t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank
+    if tr.compile:
+        t_other *= gpu.compile_other_factor
     t_recompute = 0.0
     if tr.recompute == "full":  # the forward again: half the frozen-base GEMMs (1/3 if full training)
         t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
@@ -183,6 +193,10 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     t_opt = 16.0 * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)  # AdamW: memory-bound over local shards
     est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
     est.step_time_s = sum(est.time.values())
+    # eval: the forward alone -- a third of the GEMMs of full training (half of LoRA's), a third of
+    # attention and of the elementwise work -- per sequence, pipeline stages in sequence
+    fwd_micro = t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3 + (t_tp + t_cp) / 3
+    est.eval_seconds_per_row = fwd_micro / b * pp
     world = dp * t * c * pp
     tokens_step = tr.global_batch_size * S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world

@@ -66,21 +66,31 @@ def _apply(base: RunSpec, overrides: dict) -> RunSpec:
 
 
 def rcp_samples(spec: RunSpec) -> float | None:
-    """Mean samples-to-converge of the MLPerf reference convergence points for this benchmark and
-    GBS (mlperf_logging rcp_checker, training 5.1.0), None when there is no RCP for it."""
+    """Samples to converge at this GBS as MLPerf's RCP checker sees them: the olympic mean of the
+    reference convergence points, interpolated between two RCPs where the GBS has none (training
+    6.0.0 rules, pruned RCPs); None for workloads without RCPs."""
     if not spec.mlperf.benchmark or not spec.mlperf.comparable:
         return None
-    import mlperf_logging
+    from trainperf.report.score import rcp_reference_samples
 
-    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_5.1.0",
-                        f"rcps_{spec.mlperf.benchmark}.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as fh:
-        for record in json.load(fh).values():
-            if record.get("BS") == spec.train.global_batch_size:
-                return statistics.mean(record["samples to converge"])
-    return None
+    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size)
+    return found[0] if found else None
+
+
+def time_to_train(spec: RunSpec, est, samples: float) -> float:
+    """Training steps to ``samples`` plus the evals on the way: evals run every interval after the
+    skipped ones, each over the validation rows split across the data-parallel ranks."""
+    import math
+
+    from trainperf.specs import data_parallel_size, eval_interval_samples, eval_skip_count
+    from trainperf.workloads.mlperf import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
+
+    train_s = samples / spec.train.global_batch_size * est.step_time_s
+    rows = spec.data.eval_samples or {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}.get(
+        spec.mlperf.benchmark, 0)
+    evals = max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec))
+    per_eval = math.ceil(rows / data_parallel_size(spec.parallel)) * est.eval_seconds_per_row
+    return train_s + evals * per_eval
 
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
@@ -101,7 +111,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
         est = estimate(spec, gpu, gpus_per_node)
         cand = Candidate(overrides, spec, est)
         if samples:
-            cand.time_to_train_s = samples / spec.train.global_batch_size * est.step_time_s
+            cand.time_to_train_s = time_to_train(spec, est, samples)
         (fits if est.fits else oom).append(cand)
     if not fits and not oom:
         raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "

@@ -401,6 +401,22 @@ def _rcp_reference(checker, bs) -> tuple[str | None, dict | None, str]:
     return None, None, "missing"
 
 
+def rcp_reference_samples(benchmark: str, gbs: int, ruleset: str = DEFAULT_RULESET) -> tuple[float, str] | None:
+    """(olympic-mean samples to converge, how it was found) of the reference a closed submission at this
+    GBS is compared with -- an RCP, or one interpolated between two -- or None when there is none."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        with _captured_logging():
+            checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
+            name, ref, kind = _rcp_reference(checker, gbs)
+    except Exception:  # no RCP file for this benchmark / ruleset
+        return None
+    if ref is None or kind == "smallest-gbs rcp":
+        return None
+    return float(ref["RCP Mean"]), f"{kind} {name}"
+
+
 def _stage(runs: list[RunResult], folder: Path) -> list[Path]:
     out = []
     for i, r in enumerate(runs):
