@@ -230,7 +230,7 @@ def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | No
     return reader.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
 
 
-def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
+def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None) -> int:
     """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
 
     Each rank reads only its own block where the sharding allows it, else one full tensor at a
@@ -243,6 +243,8 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex) -> int:
         for name, param in model.named_parameters():
             if ".lora_A." in name or ".lora_B." in name:
                 continue
+            if on_tensor is not None:  # progress: one call per base tensor
+                on_tensor(name)
             local = _local_slice(reader, name, param)
             if local is not None:
                 nbytes += local.numel() * local.element_size()

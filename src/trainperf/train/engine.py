@@ -59,7 +59,7 @@ def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 class Engine:
-    def __init__(self, spec: RunSpec, mesh, device: torch.device, param_dtype):
+    def __init__(self, spec: RunSpec, mesh, device: torch.device, param_dtype, on_load_tensor=None):
         self.spec, self.mesh, self.device = spec, mesh, device
         p = spec.parallel
         self.pp = p.pp
@@ -82,7 +82,7 @@ class Engine:
         if spec.model.path:  # untimed: before run_start
             t0 = time.perf_counter()
             index = ckpt.inspect_checkpoint(spec.model.path)
-            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index) for _, part in self.parts)
+            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index, on_load_tensor) for _, part in self.parts)
             self.load_s = time.perf_counter() - t0
         if spec.lora.enabled:  # only adapters train, whatever a parallel style did to the flags
             for _, part in self.parts:

@@ -187,6 +187,13 @@ class _Progress:
         if self.bar:
             self.bar.update(self.task, completed=step, info=info)
 
+    def loader(self, total: int):
+        """A per-tensor callback advancing a 'load checkpoint' line (None when there is no bar)."""
+        if not self.bar or not total:
+            return None
+        task = self.bar.add_task("load checkpoint", total=total, info="untimed")
+        return lambda name: self.bar.advance(task)
+
     def close(self) -> None:
         if self.bar:
             self.bar.stop()
@@ -271,7 +278,11 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         log.event(key, value)
 
     mesh = build_mesh(p, device_type)
-    engine = Engine(spec, mesh, device, resolve_param_dtype(spec, device_type))
+    n_base_tensors = sum(1 for _ in ckpt.expected_shapes(spec.model, spec.model.fused_qkv)) if spec.model.path else 0
+    engine = Engine(spec, mesh, device, resolve_param_dtype(spec, device_type),
+                    on_load_tensor=progress.loader(n_base_tensors // max(p.pp, 1)))
+    if spec.model.path and log.enabled:
+        log.event("checkpoint_load_s", round(engine.load_s, 3), gib=round(engine.load_bytes / 2**30, 3))
     trainable = engine.trainable
     opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
                             weight_decay=t.weight_decay, foreach=True)
