@@ -41,6 +41,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="processes to launch with torchrun (default 1, or the plan's GPU count)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
     p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve live Prometheus metrics (step, step time, tokens/s, MFU, memory) from rank 0 on PORT")
+    p.add_argument("--metrics-host", metavar="ADDR", help="address for --metrics-port (default 127.0.0.1: this host only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -383,6 +386,10 @@ def cmd_run(args, workload: str | None = None) -> int:
     try:
         if getattr(args, "layout_from_plan", None):
             _apply_plan(args, workload)
+        if getattr(args, "metrics_port", None) is not None:
+            args.overrides = [*args.overrides, f"train.metrics_port={args.metrics_port}"]
+        if getattr(args, "metrics_host", None):
+            args.overrides = [*args.overrides, f"train.metrics_host={args.metrics_host}"]
         if args.nproc_per_node is None:
             args.nproc_per_node = 1
         if args.nproc_per_node < 1:

@@ -95,6 +95,11 @@ class TrainSpec:
     # forward+backward passes on synthetic tokens before the clock starts (allocator, kernels, NCCL);
     # no optimizer step, gradients dropped and RNG states restored, so no model or optimizer state changes
     untimed_warmup_steps: int = 0
+    # a collective that does not complete in this many seconds ends the run as 'hung' (NCCL watchdog /
+    # gloo timeout), with PyTorch's Flight Recorder dump in RUN_DIR/flight_recorder/
+    collective_timeout_s: float = 600.0
+    metrics_port: int = 0  # >0: rank 0 serves Prometheus metrics (step time, tokens/s, MFU, memory) on it
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass
@@ -442,6 +447,10 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     if e.every_samples < 1 or e.skip_first < -1:
         raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0 (or -1: the MLPerf LoRA rule)")
+    if t.collective_timeout_s <= 0:
+        raise SpecError(f"train.collective_timeout_s={t.collective_timeout_s}: must be > 0 seconds")
+    if not 0 <= t.metrics_port < 65536:
+        raise SpecError(f"train.metrics_port={t.metrics_port}: must be a TCP port (1-65535), or 0 for none")
     if t.untimed_warmup_steps < 0:
         raise SpecError(f"train.untimed_warmup_steps={t.untimed_warmup_steps}: must be >= 0")
     if spec.hardware.device not in ("auto", "cpu", "cuda"):

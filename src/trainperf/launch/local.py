@@ -169,7 +169,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
                    "-m", "trainperf.train.loop", str(run_dir)]
             returncode = _run_torchrun(cmd, env)
             if returncode != 0:
-                store.mark_failed_if_running(run_id, f"torchrun exited with code {returncode}")
+                record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except BaseException as exc:
         store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
         raise
@@ -183,6 +183,19 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     return {"run_id": run_id, "status": row.get("status", "failed"), "status_reason": row.get("status_reason"),
             "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
             "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
+
+
+def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
+    """The ranks died without finishing the row. If any left a Flight Recorder dump, a collective
+    timed out (the NCCL watchdog aborts the process): the run is 'hung'; otherwise 'failed'."""
+    dumps = sorted((run_dir / "flight_recorder").glob("rank_*"))
+    progress = run_dir / "progress.json"
+    last = json.loads(progress.read_text())["step"] if progress.is_file() else 0
+    if dumps:
+        store.mark_hung_if_running(run_id, f"a collective timed out after step {last}; {reason}; flight recorder "
+                                           f"dumps: {', '.join(d.name for d in dumps)} in {dumps[0].parent}")
+    else:
+        store.mark_failed_if_running(run_id, f"{reason} (last completed step {last})")
 
 
 class Interrupted(RuntimeError):

@@ -226,6 +226,13 @@ class Store:
                 (reason, time.time(), run_id))
             return cur.rowcount == 1
 
+    def mark_hung_if_running(self, run_id: str, reason: str) -> bool:
+        with self.transaction() as c:
+            cur = c.execute(
+                "UPDATE runs SET status = 'hung', status_reason = ?, finished_at = ? WHERE run_id = ? AND status = 'running'",
+                (reason, time.time(), run_id))
+            return cur.rowcount == 1
+
     def reap_dead_runs(self) -> list[str]:
         """Rows left 'running' by a process of this host that is gone become 'failed'."""
         host = socket.gethostname()

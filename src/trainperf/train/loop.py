@@ -33,6 +33,7 @@ from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interv
                              grad_accum_steps)
 from trainperf.train import metrics
 from trainperf.train.engine import Engine
+from trainperf.train.live_metrics import MetricsServer
 from trainperf.train.mlperf_log import KEYS, RunLog
 from trainperf.workloads.mlperf import hyperparameter_events
 
@@ -44,6 +45,8 @@ class RunContext:
     db_path: str | None
     progress: bool = False
     create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
+    last_step: int = 0  # the last optimizer step every rank completed (for a hung run's record)
+    metrics: object = None  # the live-metrics server while the run trains
     evals: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
 
@@ -86,8 +89,9 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
     return norm
 
 
-def init_distributed(device_type: str) -> tuple[int, int, int]:
-    """Join the process group torchrun (or srun, or nobody) set up; a lone process gets a 1-rank group."""
+def init_distributed(device_type: str, timeout_s: float | None = None) -> tuple[int, int, int]:
+    """Join the process group torchrun (or srun, or nobody) set up; a lone process gets a 1-rank group.
+    ``timeout_s``: how long a collective may wait before the run is declared hung."""
     if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
@@ -101,11 +105,15 @@ def init_distributed(device_type: str) -> tuple[int, int, int]:
         rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if not dist.is_initialized():
         kwargs = {}
+        if timeout_s:
+            from datetime import timedelta
+
+            kwargs["timeout"] = timedelta(seconds=timeout_s)
         if lone:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            kwargs = dict(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
         if device_type == "cuda":
             torch.cuda.set_device(local)
             dist.init_process_group("nccl", device_id=torch.device("cuda", local), **kwargs)
@@ -202,7 +210,8 @@ class _Progress:
 def train(spec: RunSpec, ctx: RunContext) -> dict:
     """Run one training job on this rank. Returns the run summary (identical on every rank)."""
     device_type = pick_device(spec)
-    rank, world, local = init_distributed(device_type)
+    enable_flight_recorder(ctx.out_dir)
+    rank, world, local = init_distributed(device_type, spec.train.collective_timeout_s)
     device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
     is_main = rank == 0
     if device_type == "cuda":
@@ -239,12 +248,19 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
         summary["predicted"] = predicted
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        status = "failed"
+        if is_collective_timeout(exc):
+            status = "hung"
+            reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
+                      f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
         if store:
-            store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status="failed", status_reason=reason)
+            store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status=status, status_reason=reason)
         raise
     finally:
         progress.close()
         log.close()
+        if ctx.metrics is not None:
+            ctx.metrics.close()
     if store:
         store.finish_run(
             ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
@@ -317,11 +333,14 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
         metrics.peak_flops_for(gpu_name) if gpu_name else None)
     step_times: list[float] = []
+    metrics_server = ctx.metrics = MetricsServer(t.metrics_port if rank == 0 else 0, t.metrics_host, ctx.run_id,
+                                                 spec.workload)
     status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
     evals_done = 0
     engine.train()
     step = 0
     for step in range(1, t.max_steps + 1):
+        _test_stall(rank, step)
         t_step = time.perf_counter()
         rows = sampler.global_batch(step - 1)
         ids, mask = train_split.take(rows)  # the step's global batch, in sampler order
@@ -337,6 +356,12 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t_step)
         samples = step * t.global_batch_size
+        ctx.last_step = step
+        if rank == 0:
+            write_progress(ctx.out_dir, step)
+            metrics_server.update(step, step_times[-1], tokens_per_step / step_times[-1] / world,
+                                  metrics.mfu(flops_per_token, tokens_per_step / step_times[-1] / world, peak),
+                                  _peak_mem_gib(device_type))
 
         if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
             dist.all_reduce(loss_local)  # shares add up over dp, cp and pp; tp ranks hold copies
@@ -428,6 +453,42 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "out_dir": str(ctx.out_dir),
         "seed": t.seed,
     }
+
+
+def enable_flight_recorder(run_dir: Path) -> None:
+    """PyTorch's Flight Recorder: keep the last collectives of every rank in a ring buffer and dump it
+    into RUN_DIR/flight_recorder/ when a collective times out (read it with
+    ``python -m torch.distributed.flight_recorder.fr_trace``). Must be set before the group exists."""
+    dump_dir = run_dir / "flight_recorder"
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_dir / "rank_")
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """gloo raises on a timed-out collective; the NCCL watchdog aborts the process instead (the
+    launcher then finds the flight-recorder dump)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, (RuntimeError, dist.DistBackendError)) and ("timed out" in text or "timeout" in text)
+
+
+def _test_stall(rank: int, step: int) -> None:
+    """Fault injection for the hang test only: TRAINPERF_TEST_STALL=RANK:STEP:SECONDS makes that rank
+    sleep before that step, so its peers wait in a collective until the timeout."""
+    spec = os.environ.get("TRAINPERF_TEST_STALL")
+    if spec:
+        r, s, secs = spec.split(":")
+        if int(r) == rank and int(s) == step:
+            time.sleep(float(secs))
+
+
+def write_progress(out_dir: Path, step: int) -> None:
+    """RUN_DIR/progress.json: the last completed step, for the launcher when every rank was killed."""
+    tmp = out_dir / ".progress.json.tmp"
+    tmp.write_text(json.dumps({"step": step, "time": time.time()}))
+    os.replace(tmp, out_dir / "progress.json")
 
 
 def untimed_warmup(engine: Engine, spec: RunSpec, steps: int) -> None:

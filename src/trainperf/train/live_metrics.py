@@ -1,0 +1,47 @@
+"""Live metrics of a running job for Prometheus (``train.metrics_port``): rank 0 serves the latest
+step, step time, tokens/s per GPU, MFU and peak memory over HTTP, on 127.0.0.1 unless
+``train.metrics_host`` says otherwise. Each run has its own registry, so runs in one process never clash."""
+
+from __future__ import annotations
+
+
+class MetricsServer:
+    def __init__(self, port: int, host: str, run_id: str, workload: str):
+        self._server = None
+        if not port:
+            return
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        labels = {"run_id": run_id, "workload": workload}
+
+        def gauge(name: str, doc: str):
+            return Gauge(f"trainperf_{name}", doc, list(labels), registry=self.registry).labels(**labels)
+
+        self.step = gauge("step", "last completed optimizer step")
+        self.step_time = gauge("step_time_seconds", "wall time of the last step")
+        self.tokens = gauge("tokens_per_second_per_gpu", "tokens per second per GPU in the last step")
+        self.mfu = gauge("mfu", "model FLOPs utilisation of the last step (0..1; absent on CPU)")
+        self.memory = gauge("peak_memory_gib", "peak memory allocated so far on rank 0")
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+
+    @property
+    def port(self) -> int | None:
+        return self._server.server_port if self._server else None
+
+    def update(self, step: int, step_time_s: float, tokens_per_s_per_gpu: float, mfu: float | None,
+               peak_mem_gib: float) -> None:
+        if self._server is None:
+            return
+        self.step.set(step)
+        self.step_time.set(step_time_s)
+        self.tokens.set(tokens_per_s_per_gpu)
+        if mfu is not None:
+            self.mfu.set(mfu)
+        self.memory.set(peak_mem_gib)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
