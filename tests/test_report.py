@@ -13,12 +13,17 @@ from trainperf.store.db import Store
 
 
 def fill(store: Store, tmp_path) -> None:
+    """Runs of two workloads; the five of "v" carry real MLPerf logs (closed llama2_70b_lora, times in
+    seconds), which is what the score is computed from."""
+    from test_score import write_log
+
     rows = [("a", "w", 1, 100.0), ("b", "w", 2, 60.0), ("c", "w", 4, 40.0), ("d", "w", 4, 30.0), ("e", "w", 8, None)]
     rows += [(f"s{i}", "v", 2, t) for i, t in enumerate([50.0, 10.0, 20.0, 30.0, 40.0])]
-    for run_id, w, n, ttt in rows:
+    for i, (run_id, w, n, ttt) in enumerate(rows):
         store.create_run(run_id, w, {"x": 1}, f"dp_shard={n}", n, "open", False, 0.9, str(tmp_path))
+        mllog = str(write_log(tmp_path / "logs" / f"{run_id}.txt", ttt / 60, seed=i)) if w == "v" else None
         store.finish_run(run_id, status="success" if ttt else "failed", time_to_train_s=ttt, step_time_s=0.5,
-                         tokens_per_s_per_gpu=1000.0 / n, mfu=0.4, step_rows=[
+                         tokens_per_s_per_gpu=1000.0 / n, mfu=0.4, mllog_path=mllog, step_rows=[
                              {"step": k, "samples": 16 * k, "loss": 3.0 / k} for k in range(1, 5)])
 
 
@@ -38,7 +43,9 @@ def test_olympic_score_drops_fastest_and_slowest(tmp_path):
     fill(store, tmp_path)
     (score,) = olympic_scores(store.list_runs())
     assert score["workload"] == "v" and score["runs"] == 5
-    assert score["score_min"] == pytest.approx((20 + 30 + 40) / 3 / 60)
+    assert score["score_min"] == pytest.approx((20 + 30 + 40) / 3 / 60, rel=1e-4)
+    assert score["valid"] is False and "5 of 10 runs" in score["verdict"]  # llama2_70b_lora is scored on 10
+    assert score["rcp"] == "pass"  # 3456 samples per run: at the GBS 8 RCP mean
 
 
 def test_html_report_is_self_contained(tmp_path):

@@ -7,6 +7,7 @@ import base64
 import html
 import io
 import statistics
+import os
 import time
 from collections import defaultdict
 
@@ -38,20 +39,32 @@ def scaling_rows(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def olympic_scores(runs: list[dict], min_runs: int = 5) -> list[dict]:
-    """MLPerf-style score per (workload, layout, GPUs) with enough successful runs: mean after dropping
-    the fastest and the slowest (mlperf_logging's result_summarizer rule), in minutes."""
-    from mlperf_logging.result_summarizer.result_summarizer import _compute_olympic_average
+def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
+    """The MLPerf score of each (workload, layout, GPUs) group with at least ``min_runs`` finished runs,
+    computed from their MLPerf logs exactly as `trainperf score` does: olympic mean in minutes (a single
+    non-converged run dropped as the slowest), RCP verdict and scaling for closed-division groups, and
+    whether the group is a valid MLPerf score (the benchmark's run count, at most one failure)."""
+    from trainperf.report.score import read_run, score_runs
+    from trainperf.specs import SpecError
 
     groups = defaultdict(list)
     for r in runs:
-        if r["status"] == "success" and r.get("time_to_train_s") is not None:
-            groups[(r["workload"], r["layout"], r["world_size"])].append(r["time_to_train_s"] / 60)
+        if r["status"] in ("success", "failed") and r.get("mllog_path") and os.path.isfile(r["mllog_path"]):
+            groups[(r["workload"], r["layout"], r["world_size"])].append(r)
     out = []
-    for (w, layout, n), times in sorted(groups.items()):
-        if len(times) >= min_runs:
-            out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(times),
-                        "score_min": _compute_olympic_average(sorted(times), 0, 1)})
+    for (w, layout, n), members in sorted(groups.items()):
+        if len(members) < min_runs:
+            continue
+        try:
+            score = score_runs([read_run(r["mllog_path"], run_id=r["run_id"]) for r in members])
+        except SpecError as exc:  # e.g. logs of mixed GBS: not one score
+            out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": None,
+                        "valid": False, "verdict": str(exc)})
+            continue
+        rcp = score.rcp or {}
+        out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": score.score_minutes,
+                    "valid": score.valid, "verdict": score.reason or "valid MLPerf score",
+                    "rcp": ("pass" if rcp.get("passed") else "fail") if "passed" in rcp else rcp.get("message", "-")})
     return out
 
 
@@ -129,9 +142,10 @@ def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
           _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
         if scaling else "<p>No successful runs yet.</p>"))
     if scores:
-        parts.append("<h2>Scores (olympic mean, minutes)</h2>" + _table(
-            ["workload", "layout", "GPUs", "runs", "score"],
-            [[s["workload"], s["layout"], s["gpus"], s["runs"], _f(s["score_min"], ".2f")] for s in scores]))
+        parts.append("<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
+            ["workload", "layout", "GPUs", "runs", "score", "RCP", "verdict"],
+            [[s["workload"], s["layout"], s["gpus"], s["runs"], _f(s["score_min"], ".2f"), s.get("rcp", "-"),
+              s["verdict"]] for s in scores]))
     parts.append("<h2>Runs</h2>" + _table(
         ["run", "workload", "status", "GPUs", "layout", "time to train (s)", "samples", "eval / target", "tokens/s/GPU",
          "MFU", "peak GiB (predicted)", "step s (predicted)", "division"],
