@@ -255,3 +255,17 @@ def test_attention_pads_odd_head_dims_and_compile_shrinks_elementwise():
     eager, compiled = estimate(spec_for(), PRESETS["h200"], 8), estimate(spec_for("train.compile=true"), PRESETS["h200"], 8)
     assert compiled.time["elementwise"] == pytest.approx(eager.time["elementwise"] * PRESETS["h200"].compile_other_factor)
     assert compiled.time["gemm"] == eager.time["gemm"]
+
+
+def test_gbs_search_ranks_by_rcp_time_to_train():
+    from trainperf.plan.search import rcp_batch_sizes
+    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+
+    base = llama2_70b_lora_defaults()
+    assert rcp_batch_sizes(base) == [8, 16, 32, 128]
+    fits, _ = plan(base, PRESETS["h100"], 64, 8, gbs_values=[8, 24, 256])
+    seen = {c.spec.train.global_batch_size for c in fits}
+    assert seen == {8, 24}  # 24 is interpolated between the 16 and 128 RCPs; 256 is beyond every RCP: unrankable
+    assert fits == sorted(fits, key=lambda c: (c.time_to_train_s, c.est.reserved_gib))
+    with pytest.raises(SpecError, match="--gbs"):
+        plan(base, PRESETS["h100"], 64, 8, samples=3000, gbs_values=[8, 16])

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["time", "throughput"], default="time",
                    help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
     p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--gbs", metavar="LIST|rcp",
+                   help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
+                        "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
     p.add_argument("--calibrate", metavar="GPU_YAML",
                    help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
@@ -160,7 +163,18 @@ def cmd_plan(args) -> int:
         gpu = load_gpu(args.gpu)
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         per_node = args.gpus_per_node or min(args.gpus, 8)
-        fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective)
+        gbs_values = None
+        if args.gbs:
+            from trainperf.plan.search import rcp_batch_sizes
+
+            try:
+                gbs_values = rcp_batch_sizes(base) if args.gbs == "rcp" else [int(x) for x in args.gbs.split(",")]
+            except ValueError:
+                raise SpecError(f"--gbs {args.gbs!r}: expected comma-separated integers or `rcp`") from None
+            if not gbs_values or min(gbs_values) < 1:
+                raise SpecError(f"--gbs {args.gbs!r}: no global batch sizes to search (workload {args.workload!r} "
+                                "has no MLPerf RCPs)" if args.gbs == "rcp" else f"--gbs {args.gbs!r}: sizes must be >= 1")
+        fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values)
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
     import secrets
@@ -196,12 +210,12 @@ def cmd_plan(args) -> int:
     console = Console(width=None if Console().is_terminal else 200)
     table = Table(title=f"trainperf plan: {args.workload} on {args.gpus} x {gpu.name} ({per_node} per node) -- "
                         f"{len(fits)} layouts fit, {len(oom)} do not")
-    for col in ("id", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
+    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
                 "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
         table.add_column(col, justify="right")
     for c in fits[:args.top]:
         o = c.overrides
-        cells = [c.id, str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
+        cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
                  str(o["parallel.pp"]), o["parallel.pp_schedule"] if o["parallel.pp"] > 1 else "-",
                  str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
                  o["train.recompute"], f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",

@@ -30,10 +30,16 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int):
+def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None):
     """Every (pp, dp_replicate, dp_shard, cp, tp, sp, schedule, micro-batch, recompute) the engine
-    accepts for this model on ``gpus`` GPUs, TP kept inside a node."""
-    gbs = base.train.global_batch_size
+    accepts for this model on ``gpus`` GPUs, TP kept inside a node; with ``gbs_values`` also every
+    global batch size among them (an override only then)."""
+    for gbs in gbs_values or [base.train.global_batch_size]:
+        for layout in _layouts(gpus, gpus_per_node, gbs):
+            yield ({"train.global_batch_size": gbs} if gbs_values else {}) | layout
+
+
+def _layouts(gpus: int, gpus_per_node: int, gbs: int):
     for tp in divisors(gpus):
         if tp > gpus_per_node:
             continue
@@ -93,16 +99,33 @@ def time_to_train(spec: RunSpec, est, samples: float) -> float:
     return train_s + evals * per_eval
 
 
+def rcp_batch_sizes(spec: RunSpec) -> list[int]:
+    """The GBS values the benchmark's RCPs cover (training 6.0.0), so a GBS search has samples to converge for."""
+    import mlperf_logging
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_6.0.0",
+                        f"rcps_{spec.mlperf.benchmark}.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as fh:
+        return sorted({int(r["BS"]) for r in json.load(fh).values()})
+
+
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
-         objective: str = "time") -> tuple[list[Candidate], list[Candidate]]:
-    """(fitting candidates ranked best first, candidates that do not fit)."""
+         objective: str = "time", gbs_values: list[int] | None = None) -> tuple[list[Candidate], list[Candidate]]:
+    """(fitting candidates ranked best first, candidates that do not fit). ``gbs_values``: search the
+    global batch size too (samples to converge then come from the RCPs at each GBS)."""
     if gpus < 1 or gpus_per_node < 1:
         raise SpecError("--gpus and --gpus-per-node must be >= 1")
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise SpecError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
-    samples = samples or rcp_samples(base)
+    if gbs_values and samples:
+        raise SpecError("--gbs searches the global batch size with samples to converge from the MLPerf RCPs; "
+                        "drop --samples (one sample count cannot hold for every GBS)")
+    fixed_samples = samples or (None if gbs_values else rcp_samples(base))
     fits, oom = [], []
-    for overrides in candidate_layouts(base, gpus, gpus_per_node):
+    rcp_cache: dict[int, float | None] = {}
+    for overrides in candidate_layouts(base, gpus, gpus_per_node, gbs_values):
         spec = _apply(base, overrides)
         try:
             validate_layout(spec)
@@ -110,14 +133,23 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
             continue
         est = estimate(spec, gpu, gpus_per_node)
         cand = Candidate(overrides, spec, est)
-        if samples:
-            cand.time_to_train_s = time_to_train(spec, est, samples)
+        n = fixed_samples
+        if gbs_values:
+            g = spec.train.global_batch_size
+            if g not in rcp_cache:
+                rcp_cache[g] = rcp_samples(spec)
+            n = rcp_cache[g]
+            if n is None:
+                continue  # no RCP reaches this GBS: no time to train to rank it by
+        if n:
+            cand.time_to_train_s = time_to_train(spec, est, n)
         (fits if est.fits else oom).append(cand)
     if not fits and not oom:
         raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "
                         "batch size admit none)")
     # ties (e.g. micro-batch sizes the model cannot tell apart) go to the layout needing less memory
-    key = (lambda c: (-c.est.tokens_per_s_per_gpu, c.est.reserved_gib)) if objective == "throughput" or not samples \
+    key = (lambda c: (-c.est.tokens_per_s_per_gpu, c.est.reserved_gib)) \
+        if objective == "throughput" or not (fixed_samples or gbs_values) \
         else (lambda c: (c.time_to_train_s, c.est.reserved_gib))
     fits.sort(key=key)
     oom.sort(key=lambda c: c.est.reserved_gib)
