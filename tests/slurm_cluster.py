@@ -100,7 +100,7 @@ class SlurmCluster:
         if upd.returncode != 0:
             raise SlurmUnavailable(f"apt-get update failed (no package source?): {(upd.stderr or upd.stdout)[-800:]}")
         try:
-            inst = _run(["apt-get", "install", "-y", "-q", *PACKAGES], timeout=900, env=env)
+            inst = _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], timeout=900, env=env)
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable("apt-get install slurm-wlm munge took over 15 minutes") from None
         if inst.returncode != 0:

@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="applied to every run of the sweep")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    from trainperf.launch.slurm import add_slurm_args
+
+    add_slurm_args(p)  # --wait (default None: the sweep file's slurm.wait applies)
     _common(p)
 
     p = sub.add_parser("workloads", help="list workloads", description="List the workloads with one-line descriptions.")
@@ -108,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
     _common(p)
 
+    from trainperf.preflight import cli as preflight_cli
+
+    preflight_cli.add_arguments(sub.add_parser("preflight", help=preflight_cli.HELP, description=preflight_cli.DESCRIPTION))
+    from trainperf.trace import cli as trace_cli
+
+    trace_cli.add_arguments(sub.add_parser("trace", help=trace_cli.HELP, description=trace_cli.DESCRIPTION))
     p = sub.add_parser("data", help="dataset tools: `data convert` token files -> the packed pretraining format",
                        description="`trainperf data convert INPUTS... --out DIR --vocab-size V [--eod-id E] "
                                    "(--validation-documents N | --validation-inputs ...)`: plain token files "
@@ -304,10 +313,15 @@ def cmd_sweep(args) -> int:
         store = Store(args.db)
         if args.target == "status":
             counts = sweep.status_counts(store)
+            if not args.json:
+                from trainperf.launch.slurm import status_lines
+
+                for line in status_lines(store):
+                    print(line)
         else:
             name, items = sweep.load_sweep(args.target)
             echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
-            counts = sweep.run_local(store, name, items, args.db, args.out, args.overrides, echo=echo)
+            counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait)
     except (SpecError, StoreError) as exc:
         return _bad_input(str(exc), args.json)
     if args.json:
@@ -489,6 +503,18 @@ def cmd_demo(args) -> int:
     return rc
 
 
+def _preflight(args) -> int:
+    from trainperf.preflight import cli as preflight_cli
+
+    return preflight_cli.run(args)
+
+
+def _trace(args) -> int:
+    from trainperf.trace import cli as trace_cli
+
+    return trace_cli.run(args)
+
+
 def cmd_data(args) -> int:
     from trainperf.data import pretok
 
@@ -499,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_ARGV)
     handlers = {"run": cmd_run, "plan": cmd_plan, "tune": cmd_tune, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
-                "demo": cmd_demo, "score": cmd_score, "data": cmd_data}
+                "demo": cmd_demo, "score": cmd_score, "data": cmd_data,
+                "preflight": _preflight, "trace": _trace}
     return handlers[args.command](args)
 
 

@@ -95,6 +95,11 @@ class TrainSpec:
     # forward+backward passes on synthetic tokens before the clock starts (allocator, kernels, NCCL);
     # no optimizer step, gradients dropped and RNG states restored, so no model or optimizer state changes
     untimed_warmup_steps: int = 0
+    # torch.profiler on every rank (trainperf trace): 0 = off; else loop steps 1..profile_wait run unprofiled,
+    # profile_warmup more warm the profiler up, then profile_steps are recorded to RUN_DIR/trace
+    profile_steps: int = 0
+    profile_warmup: int = 1
+    profile_wait: int = 1
     # a collective that does not complete in this many seconds ends the run as 'hung' (NCCL watchdog /
     # gloo timeout), with PyTorch's Flight Recorder dump in RUN_DIR/flight_recorder/
     collective_timeout_s: float = 600.0
@@ -447,6 +452,8 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     if e.every_samples < 1 or e.skip_first < -1:
         raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0 (or -1: the MLPerf LoRA rule)")
+    if min(t.profile_steps, t.profile_warmup, t.profile_wait) < 0:
+        raise SpecError("train.profile_steps, profile_warmup and profile_wait must be >= 0")
     if t.collective_timeout_s <= 0:
         raise SpecError(f"train.collective_timeout_s={t.collective_timeout_s}: must be > 0 seconds")
     if not 0 <= t.metrics_port < 65536:

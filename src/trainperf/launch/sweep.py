@@ -13,9 +13,15 @@ A sweep file (YAML or TOML):
 
 expands to the cartesian product of its lists. Each item is registered in the store (table
 ``sweep_items``) under a stable id derived from what it runs, so running the same file again skips
-every item that already finished and only runs what is pending (or was interrupted). Items run one
-after another through `trainperf run` in their own process tree (local backend), so an OOM or a crash
-is recorded against that item and the queue goes on.
+every item that already finished and only runs what is pending (or was interrupted).
+
+``backend: local`` (the default): items run one after another through `trainperf run` in their own
+process tree, so an OOM or a crash is recorded against that item and the queue goes on.
+``backend: slurm`` with a ``slurm:`` mapping (partition, nodes, gpus_per_node, time, account,
+extra_sbatch, setup, container_image, container_mounts, ...; see launch/slurm.py): one sbatch job per
+unfinished item, its job id recorded on the item; re-running the file collects finished jobs and
+submits only what is neither finished nor queued. With a slurm backend, a run block without
+nproc_per_node uses slurm.gpus_per_node (or 1 on CPU nodes).
 """
 
 from __future__ import annotations
@@ -33,10 +39,25 @@ def _as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+BACKENDS = ("local", "slurm")
+
+
 def expand(data: dict, where: str) -> tuple[str, list[dict]]:
-    """(sweep name, items) from a parsed sweep file; SpecError on a malformed one."""
+    """(sweep name, items) from a parsed sweep file; SpecError on a malformed one. Items of a slurm
+    sweep also carry ``backend: 'slurm'`` and ``slurm`` (its SlurmConfig); they do not enter the id."""
     name = str(data.get("name") or "")
     runs = data.get("runs")
+    backend = data.get("backend") or "local"
+    if backend not in BACKENDS:
+        raise SpecError(f"{where}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    slurm_cfg = None
+    if backend == "slurm":
+        from trainperf.launch.slurm import parse_config
+
+        slurm_cfg = parse_config(data.get("slurm"), where)
+    elif data.get("slurm") is not None:
+        raise SpecError(f"{where}: a 'slurm' section needs backend: slurm")
+    default_nproc = (slurm_cfg.gpus_per_node or 1) if slurm_cfg else 1
     if not name:
         raise SpecError(f"{where}: a sweep needs a name (the key its progress is stored under)")
     if not isinstance(runs, list) or not runs:
@@ -52,15 +73,21 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
         if not isinstance(sets, dict):
             raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
         keys = sorted(sets)
-        grid = itertools.product(_as_list(block.get("nproc_per_node", 1)), _as_list(block.get("seeds", [None])),
+        grid = itertools.product(_as_list(block.get("nproc_per_node", default_nproc)), _as_list(block.get("seeds", [None])),
                                  *[_as_list(sets[k]) for k in keys])
         for nproc, seed, *values in grid:
             overrides = dict(zip(keys, values))
             if seed is not None:
                 overrides["train.seed"] = seed
             key = json.dumps({"w": block["workload"], "n": nproc, "o": overrides}, sort_keys=True)
-            items.append({"item_id": hashlib.sha256(key.encode()).hexdigest()[:12], "workload": str(block["workload"]),
-                          "nproc": int(nproc), "overrides": overrides})
+            item = {"item_id": hashlib.sha256(key.encode()).hexdigest()[:12], "workload": str(block["workload"]),
+                    "nproc": int(nproc), "overrides": overrides}
+            if slurm_cfg:
+                if slurm_cfg.gpus_per_node and item["nproc"] > slurm_cfg.gpus_per_node:
+                    raise SpecError(f"{where}: runs[{i}] nproc_per_node={nproc} exceeds slurm.gpus_per_node="
+                                    f"{slurm_cfg.gpus_per_node}")
+                item.update(backend="slurm", slurm=slurm_cfg)
+            items.append(item)
     return name, items
 
 
@@ -75,8 +102,26 @@ def _set_args(overrides: dict) -> list[str]:
     return out
 
 
+def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
+              echo=print, wait: bool | None = None) -> dict:
+    """Run (local) or submit (slurm) every unfinished item with the file's backend; counts by status.
+    wait (slurm only): block until the submitted jobs end (None: the file's slurm.wait)."""
+    if items and items[0].get("backend") == "slurm":
+        from trainperf.launch import slurm
+
+        slurm.run_slurm(store, sweep_id, items, db, out, extra_sets, items[0]["slurm"], echo=echo, wait=wait)
+        return status_counts(store, sweep_id, refresh=False)
+    return _run_local(store, sweep_id, items, db, out, extra_sets, echo)
+
+
 def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
-              echo=print) -> dict:
+              echo=print, wait: bool | None = None) -> dict:
+    """Kept for cli.py: dispatches on the sweep file's backend like run_sweep."""
+    return run_sweep(store, sweep_id, items, db, out, extra_sets, echo, wait)
+
+
+def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
+               echo=print) -> dict:
     """Run every pending item, one after another; returns counts by final status."""
     store.add_sweep_items(sweep_id, items)
     for row in store.sweep_items(sweep_id):
@@ -101,7 +146,13 @@ def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
     return status_counts(store, sweep_id)
 
 
-def status_counts(store, sweep_id: str | None = None) -> dict:
+def status_counts(store, sweep_id: str | None = None, refresh: bool = True) -> dict:
+    """{sweep: {pending, running, success, failed}}; first asks Slurm about items whose job is in
+    flight (if Slurm is installed here), so finished jobs are counted as finished."""
+    if refresh:
+        from trainperf.launch import slurm
+
+        slurm.refresh(store, sweep_id)
     counts: dict = {}
     for row in store.sweep_items(sweep_id):
         per = counts.setdefault(row["sweep_id"], {"pending": 0, "running": 0, "success": 0, "failed": 0})

@@ -31,6 +31,7 @@ from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.parallelize import build_mesh, layout_string, placement
 from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, eval_skip_count,
                              grad_accum_steps)
+from trainperf.trace.capture import profiler_for
 from trainperf.train import metrics
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
@@ -339,6 +340,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     evals_done = 0
     engine.train()
     step = 0
+    prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)  # a no-op unless train.profile_steps > 0
     for step in range(1, t.max_steps + 1):
         _test_stall(rank, step)
         t_step = time.perf_counter()
@@ -393,6 +395,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                     log.end(KEYS.RUN_STOP, eval_loss, samples_count=samples, status="success")
                     break
                 log.start(KEYS.BLOCK_START, samples_count=samples, epoch_num=epoch_num)
+        prof.step()  # ProfilerStep#k = loop step k+1, everything of the iteration
+    prof.close()
     if status != "success":
         stop_time = time.perf_counter()
         reason = (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "

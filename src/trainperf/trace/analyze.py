@@ -1,0 +1,759 @@
+"""Offline analysis of the per-rank Chrome traces ``trace.capture`` writes; pure Python, no GPU.
+
+Per step (the ``ProfilerStep#k`` spans of the main thread) and per rank, on interval unions
+(HTA's definitions, see docs in shared/research/observability_anchors.md §2.2-2.3):
+
+    compute   |U(COMP)|                 GPU: kernels that are not NCCL; CPU traces (gloo): the leaf
+                                        CPU ops of the training threads (the CPU's "kernels")
+    comm      |U(COMM)|                 GPU: NCCL kernels; CPU: the gloo:* work on gloo's threads
+    overlap   |U(COMP) ∩ U(COMM)|       overlap % = overlap / comm
+    exposed   |U(COMM) \\ U(COMP)|       = comm - overlap
+    mem       |U(MEM)|                  GPU memcpy/memset (0 on CPU)
+    idle      step - |U(COMP ∪ COMM ∪ MEM)|
+
+Times are integer nanoseconds inside (the traces' microsecond floats are rounded once, at load), so
+the identity step = compute + comm - overlap + (mem not under compute/comm) + idle holds exactly.
+
+Collectives: every NCCL kernel carries its metadata in its args (Collective name, In/Out msg nelems,
+dtype, Group size, Process Group Name/Description/Ranks -- checked on torch 2.11 + NCCL 2.28); gloo
+traces carry none of it, so each ``gloo:*`` event is paired with the ``c10d::*`` op that issued it
+(kind, element count, issue order), and its group is inferred from the sizes. The process group is
+named by its parallel dimension: the groups of every mesh dim (and of the flattened dims trainperf
+builds) are computed from the layout and compared with the collective's ranks. Bandwidths follow
+nccl-tests (algbw = S / t, busbw = algbw x factor(n)); t is the *transfer* time, the shortest
+duration of the same collective over the ranks (TraceLens), since a rank that arrives early spends
+the difference waiting; that wait is reported per rank, and the rank the others wait for is the
+straggler.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import statistics
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Interval = tuple[int, int]
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+FLATTENED = {"dp_shard_cp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard"),
+             "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+
+# ---------------------------------------------------------------------------------------------
+# interval arithmetic (half-open [start, end), integer ns; "merged" = sorted, disjoint, non-empty)
+
+
+def merge(intervals) -> list[Interval]:
+    """Union of any intervals as a merged list; empty ones dropped, touching ones joined."""
+    out: list[list[int]] = []
+    for s, e in sorted((s, e) for s, e in intervals if e > s):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def total(merged: list[Interval]) -> int:
+    return sum(e - s for s, e in merged)
+
+
+def union(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    return merge(list(a) + list(b))
+
+
+def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Intersection of two merged lists (two-pointer sweep)."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if e > s:
+            out.append((s, e))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """a minus b, both merged."""
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            if cur >= e:
+                break
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def clip(merged: list[Interval], lo: int, hi: int) -> list[Interval]:
+    """The part of a merged list inside [lo, hi)."""
+    if hi <= lo or not merged:
+        return []
+    starts = [s for s, _ in merged]
+    i = max(bisect_right(starts, lo) - 1, 0)
+    j = bisect_left(starts, hi)
+    return [(max(s, lo), min(e, hi)) for s, e in merged[i:j] if min(e, hi) > max(s, lo)]
+
+
+@dataclass
+class Breakdown:
+    """One step of one rank, in ns."""
+    step: int
+    span: int
+    compute: int
+    comm: int
+    overlap: int
+    mem: int
+    idle: int
+
+    @property
+    def exposed(self) -> int:
+        return self.comm - self.overlap
+
+
+def breakdown(step: int, lo: int, hi: int, comp: list[Interval], comm: list[Interval],
+              mem: list[Interval] = ()) -> Breakdown:
+    """Compute / comm / overlap / mem / idle of the window [lo, hi) from merged interval lists."""
+    c, m, x = clip(comp, lo, hi), clip(comm, lo, hi), clip(list(mem), lo, hi)
+    busy = union(union(c, m), x)
+    return Breakdown(step=step, span=hi - lo, compute=total(c), comm=total(m), overlap=total(intersect(c, m)),
+                     mem=total(x), idle=(hi - lo) - total(busy))
+
+
+# ---------------------------------------------------------------------------------------------
+# collectives: names, sizes, bandwidth
+
+_DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
+                "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "short": 2, "int16": 2, "char": 1,
+                "int8": 1, "byte": 1, "uint8": 1, "unsigned char": 1, "bool": 1, "signed char": 1,
+                "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+                "complexfloat": 8, "complexdouble": 16}
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    if not dtype:
+        return None
+    return _DTYPE_BYTES.get(dtype.lower().replace("c10::", "").replace("at::", "").strip())
+
+
+def op_kind(name: str) -> str:
+    """Normalised collective name from a 'Collective name', c10d op or gloo/nccl annotation."""
+    n = name.lower().replace("c10d::", "").replace("gloo:", "").replace("nccl:", "").replace("_", "")
+    for key, kind in (("reducescatter", "reduce_scatter"), ("allgather", "all_gather"), ("allreduce", "all_reduce"),
+                      ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
+                      ("recvanysource", "recv"), ("send", "send"), ("recv", "recv"), ("gather", "gather"),
+                      ("scatter", "scatter"), ("reduce", "reduce")):
+        if key in n:
+            return kind
+    return name
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md)."""
+    if n <= 1:
+        return 0.0 if kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") else 1.0
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algo_bytes(kind: str, in_bytes: int, out_bytes: int) -> int:
+    """S of nccl-tests: all-gather the total output, reduce-scatter the total input, else the buffer."""
+    if kind in ("all_gather", "gather"):
+        return out_bytes
+    if kind in ("reduce_scatter", "scatter"):
+        return in_bytes
+    return max(in_bytes, out_bytes) if kind in ("broadcast", "reduce") else in_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# mesh groups: name a set of ranks by its parallel dimension
+
+
+def resolve_mesh_sizes(parallel: dict, world: int) -> dict[str, int]:
+    """{dim: size} from a spec's parallel section (dp_shard=-1 filled in from the world size)."""
+    sizes = {d: int(parallel.get(d, 1)) for d in MESH_DIMS}
+    if sizes["dp_shard"] < 0:
+        rest = sizes["pp"] * sizes["dp_replicate"] * sizes["cp"] * sizes["tp"]
+        sizes["dp_shard"] = max(world // max(rest, 1), 1)
+    return sizes
+
+
+def mesh_groups(sizes: dict[str, int], rank: int) -> dict[str, tuple[int, ...]]:
+    """The ranks of ``rank``'s group along every mesh dim and flattened dim (row-major over MESH_DIMS,
+    as init_device_mesh lays the world out), plus 'world'."""
+    shape = [int(sizes.get(d, 1)) for d in MESH_DIMS]
+    world = math.prod(shape)
+    coords, r = [], rank
+    for size in reversed(shape):
+        coords.append(r % size)
+        r //= size
+    coords.reverse()
+
+    def group(dims: tuple[str, ...]) -> tuple[int, ...]:
+        idx = [MESH_DIMS.index(d) for d in dims]
+        out = []
+        for g in range(world):
+            c, x = [], g
+            for size in reversed(shape):
+                c.append(x % size)
+                x //= size
+            c.reverse()
+            if all(c[i] == coords[i] for i in range(len(shape)) if i not in idx):
+                out.append(g)
+        return tuple(out)
+
+    groups = {d: group((d,)) for d in MESH_DIMS}
+    groups.update({name: group(dims) for name, dims in FLATTENED.items()})
+    groups["world"] = tuple(range(world))
+    return groups
+
+
+def label_group(ranks: tuple[int, ...] | None, groups: dict[str, tuple[int, ...]]) -> str | None:
+    """The mesh dim whose group is exactly ``ranks``: a single dim first, then a flattened one."""
+    if not ranks or not groups:
+        return None
+    want = tuple(sorted(ranks))
+    for name in MESH_DIMS + tuple(FLATTENED) + ("world",):
+        g = groups.get(name)
+        if g is not None and len(g) > 1 and tuple(sorted(g)) == want:
+            return name
+    return None
+
+
+def dims_of_size(n: int, groups: dict[str, tuple[int, ...]]) -> list[str]:
+    """Distinct groups of size n (one name each, single dims first) -- candidates when only the size is known."""
+    seen, out = set(), []
+    for name in MESH_DIMS + tuple(FLATTENED) + ("world",):
+        g = groups.get(name)
+        if g is not None and len(g) == n and n > 1 and g not in seen:
+            seen.add(g)
+            out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one rank's trace
+
+
+@dataclass
+class Collective:
+    rank: int
+    kind: str
+    name: str
+    start: int
+    end: int
+    in_bytes: int | None
+    out_bytes: int | None
+    dtype: str | None
+    group_size: int | None
+    pg_name: str | None
+    ranks: tuple[int, ...] | None
+    group: str  # the parallel dimension (or a description of the group)
+    step: int | None = None
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
+
+    @property
+    def bytes(self) -> int | None:
+        if self.in_bytes is None or self.out_bytes is None:
+            return None
+        return algo_bytes(self.kind, self.in_bytes, self.out_bytes)
+
+
+@dataclass
+class RankTrace:
+    rank: int
+    mode: str  # "gpu" | "cpu"
+    steps: list[tuple[int, int, int]]  # (k, start ns, end ns)
+    comp: list[Interval]
+    comm: list[Interval]
+    mem: list[Interval]
+    collectives: list[Collective]
+    top: dict[tuple[str, str], list[int]]  # (name, kind) -> [count, total ns]
+    host: str | None = None
+    distributed: dict = field(default_factory=dict)
+
+
+def load_trace(path: str | Path) -> dict:
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _ns(x) -> int:
+    return int(round(float(x) * 1000.0))
+
+
+def _numel(dims) -> int | None:
+    """Elements of one tensor's dims, or the sum over a TensorList's ([[d, ...], ...])."""
+    if not isinstance(dims, list):
+        return None
+    if all(isinstance(d, int) for d in dims):
+        return math.prod(dims)
+    if all(isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
+        return sum(math.prod(d) for d in dims)
+    return None
+
+
+def _ranks_arg(v) -> tuple[int, ...] | None:
+    if isinstance(v, list):
+        return tuple(int(x) for x in v)
+    if isinstance(v, str):
+        try:
+            parsed = json.loads(v)
+        except ValueError:
+            return None
+        return tuple(int(x) for x in parsed) if isinstance(parsed, list) else None
+    return None
+
+
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_CPU_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms", "gloo:", "nccl:")
+
+
+def _is_comm_or_wait(name: str) -> bool:
+    return name.startswith(_COMM_CPU_PREFIXES) or "wait" in name.lower()
+
+
+def parse_rank(trace: dict, rank: int | None = None, groups: dict[str, tuple[int, ...]] | None = None,
+               fsdp_dims: tuple[str, ...] = ("dp_shard_cp", "dp_shard", "dp", "dp_cp")) -> RankTrace:
+    """Reduce one rank's Chrome trace to intervals, collectives and op totals."""
+    info = trace.get("distributedInfo") or {}
+    rank = int(info.get("rank", 0)) if rank is None else rank
+    pg_ranks = {str(p.get("pg_name")): tuple(p.get("ranks") or []) for p in info.get("pg_config") or []}
+    groups = groups or {}
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    thread_names = {(e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
+                    for e in trace.get("traceEvents", []) if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps = []
+    for e in events:
+        m = _STEP.match(e.get("name", ""))
+        if m and e.get("cat") != "gpu_user_annotation":
+            s = _ns(e["ts"])
+            steps.append((int(m.group(1)), s, s + _ns(e.get("dur", 0))))
+    steps.sort()
+    gpu = any(e.get("cat") == "kernel" for e in events)
+    top: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    colls: list[Collective] = []
+    if gpu:
+        comp, comm, mem = [], [], []
+        for e in events:
+            cat = e.get("cat")
+            if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+                continue
+            s = _ns(e["ts"])
+            iv = (s, s + _ns(e.get("dur", 0)))
+            name = e.get("name", "")
+            args = e.get("args") or {}
+            if cat != "kernel":
+                mem.append(iv)
+                kind = "memory"
+            elif "nccl" in name.lower() or "Collective name" in args:
+                comm.append(iv)
+                kind = "comm"
+                colls.append(_nccl_collective(rank, name, args, iv, pg_ranks, groups))
+            else:
+                comp.append(iv)
+                kind = "compute"
+            t = top[(name, kind)]
+            t[0] += 1
+            t[1] += iv[1] - iv[0]
+        comp, comm, mem = merge(comp), merge(comm), merge(mem)
+    else:
+        comp, comm, colls = _cpu_intervals(events, thread_names, rank, groups, fsdp_dims, top)
+        mem = []
+    for c in colls:
+        c.step = _step_of(c.start, steps)
+    return RankTrace(rank=rank, mode="gpu" if gpu else "cpu", steps=steps, comp=comp, comm=comm, mem=mem,
+                     collectives=colls, top=dict(top), host=trace.get("host_name"), distributed=info)
+
+
+def _step_of(ts: int, steps: list[tuple[int, int, int]]) -> int | None:
+    for k, s, e in steps:
+        if s <= ts < e:
+            return k
+    return None
+
+
+def _nccl_collective(rank, name, args, iv, pg_ranks, groups) -> Collective:
+    kind = op_kind(args.get("Collective name") or name)
+    size = dtype_bytes(args.get("dtype"))
+    n_in, n_out = args.get("In msg nelems"), args.get("Out msg nelems")
+    ranks = _ranks_arg(args.get("Process Group Ranks")) or pg_ranks.get(str(args.get("Process Group Name")))
+    gsize = args.get("Group size") or (len(ranks) if ranks else None)
+    group = label_group(ranks, groups) or args.get("Process Group Description") or (
+        f"ranks {list(ranks)}" if ranks else "?")
+    return Collective(rank=rank, kind=kind, name=name.split("(")[0], start=iv[0], end=iv[1],
+                      in_bytes=n_in * size if size and isinstance(n_in, int) else None,
+                      out_bytes=n_out * size if size and isinstance(n_out, int) else None,
+                      dtype=args.get("dtype"), group_size=gsize, pg_name=args.get("Process Group Name"),
+                      ranks=tuple(ranks) if ranks else None, group=group)
+
+
+def _cpu_intervals(events, thread_names, rank, groups, fsdp_dims, top):
+    """gloo traces: comm = gloo:* work on gloo's threads; compute = leaf CPU ops of the other threads."""
+    gloo_threads = {k for k, v in thread_names.items() if "gloo" in v.lower()}
+    gloo_threads |= {(e.get("pid"), e.get("tid")) for e in events if e.get("name", "").startswith("gloo:")}
+    by_thread: dict = defaultdict(list)
+    gloo_events, c10d_ops, fsdp_spans = [], [], []
+    for e in events:
+        key = (e.get("pid"), e.get("tid"))
+        name = e.get("name", "")
+        s = _ns(e["ts"])
+        iv = (s, s + _ns(e.get("dur", 0)))
+        if name.startswith("gloo:"):
+            gloo_events.append((iv, e))
+            continue
+        if key in gloo_threads:
+            continue
+        if name.startswith("FSDP::") and e.get("cat") == "user_annotation":
+            fsdp_spans.append(iv)
+        if e.get("cat") != "cpu_op":
+            continue
+        if name.startswith(("c10d::", "_c10d_functional::", "c10d_functional::")):
+            c10d_ops.append((iv, e))
+        by_thread[key].append((iv, name))
+    comp = []
+    for evs in by_thread.values():
+        evs.sort(key=lambda x: (x[0][0], -(x[0][1] - x[0][0])))
+        stack: list[list] = []  # [interval, name, children ns, has child]; leaves are the CPU's kernels
+
+        def pop():
+            (s, e), nm, _, has_child = stack.pop()
+            if has_child or _is_comm_or_wait(nm):
+                return  # a wrapper's own time is interpreter overhead or a wait, not compute
+            comp.append((s, e))
+            t = top[(nm, "compute")]
+            t[0] += 1
+            t[1] += e - s
+
+        for iv, nm in evs:
+            while stack and iv[0] >= stack[-1][0][1]:
+                pop()
+            if stack:
+                stack[-1][2] += iv[1] - iv[0]
+                stack[-1][3] = True
+            stack.append([iv, nm, 0, False])
+        while stack:
+            pop()
+    comm = merge(iv for iv, _ in gloo_events)
+    colls = _pair_gloo(rank, gloo_events, c10d_ops, fsdp_spans, groups, fsdp_dims)
+    for (iv, e) in gloo_events:
+        t = top[(e.get("name", ""), "comm")]
+        t[0] += 1
+        t[1] += iv[1] - iv[0]
+    return merge(comp), comm, colls
+
+
+def _c10d_expect(e) -> tuple[str, int | None, int | None, int | None]:
+    """(kind, elements gloo works on, in elements, out elements) of a c10d op, where the dims say."""
+    a = e.get("args") or {}
+    kind = op_kind(e.get("name", ""))
+    dims = a.get("Input Dims") or []
+    first = _numel(dims[0]) if len(dims) > 0 else None
+    second = _numel(dims[1]) if len(dims) > 1 else None
+    name = e.get("name", "")
+    if kind == "all_gather" and ("base" in name or "allgather_into_tensor" in name):
+        return kind, second, second, first  # (output, input, ...)
+    if kind == "reduce_scatter" and ("base" in name or "reduce_scatter_tensor" in name):
+        return kind, second, second, first  # gloo reduces the whole input
+    if kind in ("all_reduce", "broadcast"):
+        return kind, first, first, first
+    return kind, None, None, None
+
+
+_GLOO_FOR = {"all_gather": "all_gather", "reduce_scatter": "all_reduce", "all_reduce": "all_reduce",
+             "broadcast": "broadcast", "all_to_all": "all_to_all", "barrier": "barrier", "send": "send",
+             "recv": "recv", "reduce": "reduce", "gather": "gather", "scatter": "scatter"}
+
+
+def _pair_gloo(rank, gloo_events, c10d_ops, fsdp_spans, groups, fsdp_dims) -> list[Collective]:
+    """Pair each gloo:* event with the c10d op that queued it (same kind and size, issued before it,
+    first come first served) to learn the logical op and its sizes; infer the group from sizes."""
+    pending = sorted(((iv, e) + _c10d_expect(e) for iv, e in c10d_ops), key=lambda x: x[0][0])
+    used = [False] * len(pending)
+    fsdp_spans = merge(fsdp_spans)
+    out = []
+    for iv, e in sorted(gloo_events, key=lambda x: x[0][0]):
+        a = e.get("args") or {}
+        gkind = op_kind(e.get("name", ""))
+        dims = a.get("Input Dims") or []
+        numel = _numel(dims[0]) if dims else None
+        dtype = (a.get("Input type") or [None])[0]
+        size = dtype_bytes(dtype)
+        match = None
+        for i, (civ, ce, kind, g_el, n_in, n_out) in enumerate(pending):
+            if used[i] or civ[0] > iv[0]:
+                continue
+            if _GLOO_FOR.get(kind) == gkind and (g_el is None or g_el == numel):
+                match = i
+                break
+        kind, n_in, n_out, issued = gkind, numel, numel, None
+        if match is not None:
+            used[match] = True
+            civ, ce, kind, _, m_in, m_out = pending[match]
+            n_in, n_out, issued = m_in or numel, m_out or numel, civ
+        gsize = None
+        if n_in and n_out and kind == "all_gather":
+            gsize = n_out // n_in
+        elif n_in and n_out and kind == "reduce_scatter":
+            gsize = n_in // n_out
+        in_fsdp = issued is not None and bool(clip(fsdp_spans, issued[0], max(issued[1], issued[0] + 1)))
+        group, ranks = _infer_group(gsize, in_fsdp, groups, fsdp_dims)
+        if gsize is None and ranks:
+            gsize = len(ranks)
+        out.append(Collective(rank=rank, kind=kind, name=e.get("name", ""), start=iv[0], end=iv[1],
+                              in_bytes=n_in * size if size and n_in else None,
+                              out_bytes=n_out * size if size and n_out else None, dtype=dtype,
+                              group_size=gsize, pg_name=None, ranks=ranks, group=group))
+    return out
+
+
+def _infer_group(gsize, in_fsdp, groups, fsdp_dims) -> tuple[str, tuple[int, ...] | None]:
+    if not groups:
+        return (f"size {gsize}" if gsize else "?"), None
+    cands = dims_of_size(gsize, groups) if gsize else [n for n in MESH_DIMS + tuple(FLATTENED)
+                                                         if len(groups.get(n, ())) > 1]
+    if in_fsdp:
+        # FSDP's collectives run on the (flattened) shard dim; the same set may carry another name
+        fsdp = [d for d in fsdp_dims if len(groups.get(d, ())) > 1 and (gsize is None or len(groups[d]) == gsize)]
+        if fsdp:
+            return label_group(groups[fsdp[0]], groups) or fsdp[0], groups[fsdp[0]]
+    distinct = {groups[c] for c in cands}
+    if len(distinct) == 1:
+        return cands[0], groups[cands[0]]
+    if cands:
+        return "|".join(cands) + " (ambiguous)", None
+    return (f"size {gsize}" if gsize else "?"), None
+
+
+# ---------------------------------------------------------------------------------------------
+# across ranks
+
+
+def _fmt_ranks(r):
+    return list(r) if r else None
+
+
+P2P = ("send", "recv")
+
+
+def match_collectives(traces: list[RankTrace]) -> dict[tuple, list[Collective]]:
+    """The same collective on every rank of its group: keyed by (group ranks or label, kind, i-th
+    occurrence on that group). All ranks of a group issue its collectives in the same order.
+    Point-to-point transfers stay unmatched (one rank each): they do not synchronise a group.
+    Collectives outside the profiled steps are left out."""
+    matched: dict[tuple, list[Collective]] = defaultdict(list)
+    for t in traces:
+        seq: dict[tuple, int] = defaultdict(int)
+        for c in sorted(t.collectives, key=lambda c: c.start):
+            if c.step is None:
+                continue
+            gkey = (("p2p", c.rank), c.kind) if c.kind in P2P else (c.ranks or (c.group,), c.kind)
+            matched[gkey + (seq[gkey],)].append(c)
+            seq[gkey] += 1
+    return matched
+
+
+def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) -> dict:
+    """The summary (JSON-ready; seconds) of all ranks' parsed traces."""
+    traces = sorted(traces, key=lambda t: t.rank)
+    ns = 1e-9
+    rows, per_rank = [], []
+    for t in traces:
+        bds = [breakdown(k, s, e, t.comp, t.comm, t.mem) for k, s, e in t.steps]
+        for b in bds:
+            rows.append({"rank": t.rank, "step": b.step, "step_s": b.span * ns, "compute_s": b.compute * ns,
+                         "comm_s": b.comm * ns, "overlap_s": b.overlap * ns,
+                         "overlap_pct": 100.0 * b.overlap / b.comm if b.comm else None,
+                         "exposed_comm_s": b.exposed * ns, "mem_s": b.mem * ns, "idle_s": b.idle * ns})
+        n = max(len(bds), 1)
+        comm = sum(b.comm for b in bds)
+        per_rank.append({"rank": t.rank, "steps": len(bds), "step_s": sum(b.span for b in bds) / n * ns,
+                         "compute_s": sum(b.compute for b in bds) / n * ns, "comm_s": comm / n * ns,
+                         "overlap_pct": 100.0 * sum(b.overlap for b in bds) / comm if comm else None,
+                         "exposed_comm_s": sum(b.exposed for b in bds) / n * ns,
+                         "mem_s": sum(b.mem for b in bds) / n * ns, "idle_s": sum(b.idle for b in bds) / n * ns,
+                         "collective_wait_s": 0.0})
+    by_rank = {r["rank"]: r for r in per_rank}
+
+    # collectives matched over ranks: transfer time (min over ranks) and each rank's wait
+    matched = match_collectives(traces)
+    table: dict[tuple, dict] = {}
+    wait_ns: dict[int, int] = defaultdict(int)
+    arrived_last: dict[int, int] = defaultdict(int)
+    for key, cs in matched.items():
+        fastest = min(c.dur for c in cs)
+        complete = len(cs) == (cs[0].group_size or len(cs)) and len(cs) > 1
+        if complete:
+            for c in cs:
+                wait_ns[c.rank] += c.dur - fastest
+            arrived_last[max(cs, key=lambda c: c.start).rank] += 1
+        for c in cs:
+            row_key = (c.kind, c.group, c.group_size, c.dtype, c.bytes, c.in_bytes, c.out_bytes)
+            r = table.setdefault(row_key, {"calls": 0, "dur": 0, "transfer": 0, "ranks": set()})
+            r["calls"] += 1
+            r["dur"] += c.dur
+            r["transfer"] += fastest
+            r["ranks"].add(c.rank)
+    collectives = []
+    for (kind, group, gsize, dtype, nbytes, in_b, out_b), r in table.items():
+        nr = len(r["ranks"])
+        mean_s = r["dur"] / r["calls"] * ns
+        transfer_s = r["transfer"] / r["calls"] * ns
+        algbw = nbytes / transfer_s / 1e9 if nbytes and transfer_s > 0 else None
+        collectives.append({
+            "op": kind, "group": group, "group_size": gsize, "dtype": dtype, "bytes": nbytes,
+            "in_bytes": in_b, "out_bytes": out_b, "ranks": nr, "count_per_rank": r["calls"] / nr,
+            "total_s_per_rank": r["dur"] / nr * ns, "mean_s": mean_s, "transfer_s": transfer_s,
+            "wait_s": mean_s - transfer_s, "algbw_gbps": algbw,
+            "busbw_gbps": algbw * busbw_factor(kind, gsize or 1) if algbw is not None and gsize else None})
+    collectives.sort(key=lambda r: -r["total_s_per_rank"])
+    n_steps = max(statistics.mean(r["steps"] for r in per_rank), 1) if per_rank else 1
+    by_group: dict[str, dict] = {}
+    for c in collectives:
+        g = by_group.setdefault(str(c["group"]), {"comm_s_per_step": 0.0, "transfer_s_per_step": 0.0,
+                                                  "bytes_per_step": 0, "calls_per_step": 0.0})
+        g["comm_s_per_step"] += c["total_s_per_rank"] / n_steps
+        g["transfer_s_per_step"] += c["transfer_s"] * c["count_per_rank"] / n_steps
+        g["bytes_per_step"] += (c["bytes"] or 0) * c["count_per_rank"] / n_steps
+        g["calls_per_step"] += c["count_per_rank"] / n_steps
+    for rk, w in wait_ns.items():
+        if rk in by_rank:
+            by_rank[rk]["collective_wait_s"] = w / max(by_rank[rk]["steps"], 1) * ns
+
+    # skew and stragglers
+    skew: dict = {}
+    if per_rank:
+        slow = max(per_rank, key=lambda r: r["step_s"])
+        fast = min(per_rank, key=lambda r: r["step_s"])
+        med = statistics.median(r["step_s"] for r in per_rank)
+        skew = {"step_s_by_rank": {str(r["rank"]): r["step_s"] for r in per_rank},
+                "slowest_rank": slow["rank"], "fastest_rank": fast["rank"],
+                "slowest_minus_fastest_s": slow["step_s"] - fast["step_s"],
+                "slowest_over_median_pct": 100.0 * (slow["step_s"] / med - 1) if med else None,
+                "busy_s_by_rank": {str(r["rank"]): r["step_s"] - r["idle_s"] for r in per_rank},
+                "collective_wait_s_by_rank": {str(r["rank"]): r["collective_wait_s"] for r in per_rank},
+                "arrived_last_by_rank": {str(r["rank"]): arrived_last.get(r["rank"], 0) for r in per_rank},
+                "straggler": None}
+        if len(per_rank) > 1 and any(wait_ns.values()):
+            # the rank the others wait for waits least itself (TraceLens); by how much per step
+            least = min(per_rank, key=lambda r: r["collective_wait_s"])
+            others = [r["collective_wait_s"] for r in per_rank if r is not least]
+            skew["straggler"] = {"rank": least["rank"], "basis": "least wait inside collectives",
+                                 "others_wait_more_by_s_per_step": statistics.mean(others) - least["collective_wait_s"],
+                                 "arrived_last": arrived_last.get(least["rank"], 0),
+                                 "matched_collectives": sum(1 for cs in matched.values() if len(cs) > 1)}
+
+    # top kernels / ops
+    agg: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for t in traces:
+        for k, (cnt, tot) in t.top.items():
+            agg[k][0] += cnt
+            agg[k][1] += tot
+    nr = max(len(traces), 1)
+    grand = sum(tot for (_, kind), (_, tot) in agg.items() if kind == "compute") or 1
+    top = [{"name": name, "kind": kind, "count_per_rank": cnt / nr, "total_s_per_rank": tot / nr * ns,
+            "mean_s": tot / cnt * ns if cnt else 0.0,
+            "pct_of_compute": 100.0 * tot / grand if kind == "compute" else None}
+           for (name, kind), (cnt, tot) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:25]]
+
+    def mean(key):
+        vals = [r[key] for r in per_rank if r[key] is not None]
+        return statistics.mean(vals) if vals else None
+
+    comm_all = sum(r["comm_s"] * r["steps"] for r in per_rank)
+    overlap_all = sum(x["overlap_s"] for x in rows)
+    totals = {k: mean(k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "mem_s", "idle_s",
+                                   "collective_wait_s")}
+    totals["overlap_pct"] = 100.0 * overlap_all / comm_all if comm_all else None
+    return {"mode": traces[0].mode if traces else None, "ranks": [t.rank for t in traces],
+            "steps_per_rank": {str(t.rank): [k for k, _, _ in t.steps] for t in traces},
+            "totals": totals, "per_rank": per_rank, "steps": rows, "collectives": collectives,
+            "comm_by_group": by_group, "skew": skew,
+            "top": top, "overhead": overhead(steps_info or {})}
+
+
+def overhead(steps_info: dict[int, dict]) -> dict:
+    """Profiler overhead from the steps files: median wall time of the profiled (active) steps over
+    that of the unprofiled ones (wait steps after the first, and the steps after the window)."""
+    per_rank = {}
+    for rank, info in sorted(steps_info.items()):
+        steps = info.get("steps") or []
+        base = [s["wall_s"] for s in steps if (s["phase"] == "wait" and s["index"] > 0) or s["phase"] == "after"]
+        prof = [s["wall_s"] for s in steps if s["phase"] == "active"]
+        entry = {"baseline_step_s": statistics.median(base) if base else None,
+                 "profiled_step_s": statistics.median(prof) if prof else None,
+                 "baseline_steps": len(base), "profiled_steps": len(prof), "export_s": info.get("export_s")}
+        entry["overhead_pct"] = (100.0 * (entry["profiled_step_s"] / entry["baseline_step_s"] - 1)
+                                 if base and prof and entry["baseline_step_s"] > 0 else None)
+        per_rank[str(rank)] = entry
+    vals = [e["overhead_pct"] for e in per_rank.values() if e["overhead_pct"] is not None]
+    return {"overhead_pct": statistics.median(vals) if vals else None,
+            "method": "median step wall time, profiled (active) steps vs unprofiled steps of the same run "
+                      "(first step excluded); trace export time excluded and given separately",
+            "per_rank": per_rank}
+
+
+# ---------------------------------------------------------------------------------------------
+# a run's trace directory
+
+
+def _rank_of(path: Path) -> int | None:
+    m = re.match(r"rank(\d+)\.json(\.gz)?$", path.name)
+    return int(m.group(1)) if m else None
+
+
+def analyze_dir(trace_dir: str | Path, mesh_sizes: dict[str, int] | None = None) -> dict:
+    """Analyse RUN_DIR/trace (rank{R}.json[.gz] + rank{R}.steps.json); the layout comes from
+    ``mesh_sizes``, else the steps files, else RUN_DIR/spec.json."""
+    trace_dir = Path(trace_dir)
+    files = sorted((p for p in trace_dir.iterdir() if _rank_of(p) is not None), key=_rank_of)
+    if not files:
+        raise FileNotFoundError(f"no rank*.json[.gz] traces in {trace_dir}")
+    steps_info = {}
+    for p in trace_dir.glob("rank*.steps.json"):
+        info = json.loads(p.read_text())
+        steps_info[int(info["rank"])] = info
+    world = max([len(files)] + [int(i.get("world_size") or 0) for i in steps_info.values()])
+    if not mesh_sizes:
+        mesh_sizes = next((i["mesh_sizes"] for i in steps_info.values() if i.get("mesh_sizes")), None)
+    spec_file = trace_dir.parent / "spec.json"
+    if not mesh_sizes and spec_file.is_file():
+        mesh_sizes = resolve_mesh_sizes(json.loads(spec_file.read_text()).get("parallel", {}), world)
+    traces = []
+    for p in files:
+        rank = _rank_of(p)
+        groups = mesh_groups(mesh_sizes, rank) if mesh_sizes and math.prod(mesh_sizes.values()) > rank else {}
+        traces.append(parse_rank(load_trace(p), rank, groups))
+    out = analyze(traces, steps_info)
+    hosts = {i.get("host") for i in steps_info.values()} | {t.host for t in traces if t.host}
+    out.update({"trace_dir": str(trace_dir), "world_size": world, "mesh_sizes": mesh_sizes,
+                "hosts": sorted(h for h in hosts if h)})
+    if len(out["hosts"]) > 1:
+        out["note"] = ("ranks ran on several hosts: their clocks are not aligned, so only durations "
+                       "(not start times) are compared across ranks")
+    return out

@@ -1,0 +1,383 @@
+"""`trainperf preflight` on CPU (gloo): the arithmetic, the verdicts, and real multi-process runs.
+
+* busbw factors and message bytes per collective against hand values (nccl-tests conventions);
+* groups (intra-node, rails) and every-pair rounds;
+* verdicts on synthetic numbers: datasheet thresholds, the slow GPU and the slow pair named, exit code;
+* ``measured_overrides`` gives fields the planner's GPU preset takes;
+* a real 2-process quick run through the command path, and a 2 "nodes" x 2 run started by external
+  torchrun agents (the in-process rank path), with every collective, size and pair present;
+* bad input: exit 2, one line, nothing launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from trainperf.preflight import checks
+from trainperf.preflight.checks import (
+    COLLECTIVES,
+    NA_CPU,
+    busbw_factor,
+    collective_elems,
+    datasheet_verdict,
+    evaluate,
+    layout_groups,
+    measured_overrides,
+    node_names,
+    pair_rounds,
+    parse_size,
+    sweep_sizes,
+)
+from trainperf.specs import SpecError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def preflight_cmd(*args: str) -> list[str]:
+    """`trainperf preflight` once the lead has mounted it in trainperf.cli, else the module itself."""
+    from trainperf.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    if "preflight" in sub.choices:
+        return [sys.executable, "-m", "trainperf", "preflight", *args]
+    return [sys.executable, "-m", "trainperf.preflight.cli", *args]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_PROCID",
+              "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+# -- arithmetic -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, ar, other", [(2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])
+def test_busbw_factors_match_nccl_tests(n, ar, other):
+    assert busbw_factor("all_reduce", n) == pytest.approx(ar)
+    for coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert busbw_factor(coll, n) == pytest.approx(other)
+    assert busbw_factor("sendrecv", n) == 1.0
+    with pytest.raises(ValueError):
+        busbw_factor("broadcast", n)
+
+
+def test_message_bytes_follow_nccl_tests_conventions():
+    mib = 2**20
+    # all_reduce: the buffer; all_gather: total output; reduce_scatter: total input; all_to_all: all sent
+    assert collective_elems("all_reduce", mib, 4, 2) == (mib, mib // 2, mib // 2)
+    assert collective_elems("all_gather", mib, 4, 4) == (mib, mib // 16, mib // 4)
+    assert collective_elems("reduce_scatter", mib, 4, 4) == (mib, mib // 4, mib // 16)
+    assert collective_elems("all_to_all", mib, 4, 4) == (mib, mib // 4, mib // 4)
+    assert collective_elems("sendrecv", 8, 2, 4) == (8, 2, 2)
+    # too small to split 8 ways in bf16: one element per rank (16 B), never zero
+    assert collective_elems("all_gather", 8, 8, 2) == (16, 1, 8)
+    # not a multiple of n elements: rounded down to whole elements per rank
+    assert collective_elems("reduce_scatter", 1000, 3, 4)[0] == 996
+
+
+def test_sizes_and_parsing():
+    assert sweep_sizes(True, "cpu") == [8, 256, 8192]
+    full = sweep_sizes(False, "cuda")
+    assert full[0] == 8 and full[-1] == 4 * 2**30 and all(b == 2 * a for a, b in zip(full, full[1:]))
+    assert sweep_sizes(True, "cuda") == [2**10, 2**14, 2**18, 2**22, 2**26, 2**30]
+    assert sweep_sizes(True, "cuda", 3 * 2**20)[-1] == 3 * 2**20  # the top is always measured
+    assert parse_size("64K") == 65536 and parse_size("4G") == 4 * 2**30 and parse_size("512MiB") == 2**29
+    with pytest.raises(SpecError):
+        parse_size("12Q")
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_pair_rounds_cover_every_pair_once_with_disjoint_rounds(n):
+    rounds = pair_rounds(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+    for r in rounds:
+        ranks = [x for p in r for x in p]
+        assert len(ranks) == len(set(ranks))
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+def test_nodes_and_groups():
+    hosts = ["a", "a", "b", "b"]
+    parts = {p["partition"]: p["groups"] for p in layout_groups(node_names(hosts, 2))}
+    assert parts["world"] == [{"label": "world", "kind": "inter", "ranks": [0, 1, 2, 3]}]
+    assert [(g["kind"], g["ranks"]) for g in parts["intra"]] == [("intra", [0, 1]), ("intra", [2, 3])]
+    assert [(g["kind"], g["ranks"]) for g in parts["rail"]] == [("inter", [0, 2]), ("inter", [1, 3])]
+    # one hostname but LOCAL_WORLD_SIZE < world: blocks of LOCAL_WORLD_SIZE ranks are nodes
+    assert node_names(["h"] * 4, 2) == ["h#0", "h#0", "h#1", "h#1"]
+    assert node_names(["h"] * 4, 4) == ["h"] * 4
+    one = layout_groups(["h"] * 8)
+    assert [p["partition"] for p in one] == ["world"] and one[0]["groups"][0]["kind"] == "intra"
+
+
+def test_aggregation_averages_ranks_and_applies_factor():
+    groups = [{"label": "world", "kind": "intra", "ranks": [0, 1, 2, 3]}]
+    recs = [{"rank": r, "group": "world", "collective": "all_reduce", "size": 10**9, "bytes": 10**9,
+             "time_s": t} for r, t in enumerate([0.01, 0.02, 0.03, 0.02])]
+    (row,) = checks.aggregate_collectives(recs, groups)
+    assert row["time_s"] == pytest.approx(0.02) and row["time_max_s"] == pytest.approx(0.03)
+    assert row["algbw_gbps"] == pytest.approx(50.0)
+    assert row["busbw_gbps"] == pytest.approx(75.0)  # 2(n-1)/n = 1.5 at n = 4
+    pairs = checks.aggregate_pairs([{"rank": 0, "peer": 2, "size": 100, "bytes": 100, "time_s": 1e-6},
+                                    {"rank": 2, "peer": 0, "size": 100, "bytes": 100, "time_s": 3e-6}],
+                                   ["a", "a", "b", "b"])
+    assert pairs[0]["ranks"] == [0, 2] and pairs[0]["link"] == "inter"
+    assert pairs[0]["busbw_gbps"] == pytest.approx(100 / 2e-6 / 1e9)
+
+
+# -- verdicts on synthetic numbers ---------------------------------------------------------------
+
+def test_datasheet_thresholds():
+    g = checks.THRESHOLDS["gemm_bf16"]
+    assert datasheet_verdict(700, 1000, g)[0] == "pass"
+    assert datasheet_verdict(699, 1000, g)[0] == "warn"
+    assert datasheet_verdict(550, 1000, g)[0] == "warn"
+    assert datasheet_verdict(549, 1000, g)[0] == "fail"
+    assert datasheet_verdict(549, None, g)[0].startswith("n/a")
+    assert datasheet_verdict(300, 400, checks.THRESHOLDS["busbw"]) == ("warn", 75.0)
+    assert datasheet_verdict(3.5, 4.27, checks.THRESHOLDS["hbm"])[0] == "pass"  # 82%
+    assert datasheet_verdict(1000, 1979, checks.THRESHOLDS["gemm_fp8"])[0] == "warn"  # 51%
+
+
+def synthetic_raw(gemm=(790, 780, 700, 760), hbm=(4.2, 4.25, 4.1, 4.2), busbw=None, pair_bw=None,
+                  top=2**30, device="cuda") -> dict:
+    n = len(gemm)
+    ranks = [{"rank": r, "local_rank": r, "device_index": r, "node": "h", "host": "h", "device_name": "NVIDIA H200"}
+             for r in range(n)]
+    busbw = busbw or {c: 300.0 for c in COLLECTIVES}
+    colls = []
+    for c, bw in busbw.items():
+        for size, scale in ((2**20, 0.3), (top, 1.0)):
+            colls.append({"collective": c, "group": "world", "kind": "intra", "ranks": list(range(n)), "n": n,
+                          "size": size, "bytes": size, "time_s": 1.0, "algbw_gbps": bw * scale,
+                          "busbw_gbps": bw * scale})
+    pair_bw = pair_bw or {p: 360.0 for rnd in pair_rounds(n) for p in rnd}
+    pairs = [{"ranks": list(p), "link": "intra", "size": top, "bytes": top, "time_s": 1.0, "algbw_gbps": v,
+              "busbw_gbps": v} for p, v in pair_bw.items()]
+    return {"device": device, "world_size": n, "ranks": ranks, "nodes": ["h"], "hosts": ["h"],
+            "gemm": [{"rank": r, "dtype": "bf16", "n": 8192, "time_s": 1.0, "tflops": v} for r, v in enumerate(gemm)]
+            + [{"rank": r, "dtype": "fp8", "n": 8192, "skipped": "test"} for r in range(n)],
+            "hbm": [{"rank": r, "bytes": 2**30, "time_s": 1.0, "tbps": v} for r, v in enumerate(hbm)],
+            "collectives": colls, "pairs": pairs}
+
+
+def _h200():
+    from trainperf.plan.hardware import PRESETS
+
+    return PRESETS["h200"]
+
+
+def _row(result, check, subject_prefix):
+    (row,) = [r for r in result["checks"] if r["check"] == check and r["subject"].startswith(subject_prefix)]
+    return row
+
+
+def test_verdicts_name_the_slow_gpu_and_fail():
+    res = evaluate(synthetic_raw(), _h200(), "test")
+    # 700 TFLOP/s is 71% of 989 (datasheet pass) but 11.4% below the best GPU (790): fail, named
+    assert _row(res, "gemm bf16", "rank 2")["verdict"] == "fail"
+    assert [g["rank"] for g in res["slow_gpus"]] == [2]
+    assert res["slow_gpus"][0]["slower_pct"] == pytest.approx(100 * (1 - 700 / 790))
+    # 760 is 3.8% below the best: pass; 790 is the best: pass
+    assert _row(res, "gemm bf16", "rank 3")["verdict"] == "pass"
+    assert _row(res, "gemm bf16", "rank 0")["verdict"] == "pass"
+    assert _row(res, "gemm bf16", "rank 0")["pct"] == pytest.approx(100 * 790 / 989)
+    assert _row(res, "gemm fp8", "rank 0")["verdict"].startswith("n/a")
+    assert res["exit_code"] == 1 and res["summary"]["fail"] == 1
+
+
+def test_verdicts_warn_between_5_and_10_percent_below_best():
+    res = evaluate(synthetic_raw(gemm=(790, 740, 790, 790)), _h200())
+    assert _row(res, "gemm bf16", "rank 1")["verdict"] == "warn"  # 6.3% below the best
+    assert res["slow_gpus"] == [] and res["exit_code"] == 0
+
+
+def test_busbw_thresholds_against_preset():
+    # preset intra busbw 277: 230 = 83% pass, 180 = 65% warn, 150 = 54% fail, 400 = 144% pass
+    res = evaluate(synthetic_raw(busbw={"all_reduce": 400.0, "all_gather": 230.0, "reduce_scatter": 180.0,
+                                        "all_to_all": 150.0}, gemm=(790,) * 4), _h200())
+    assert _row(res, "all_reduce busbw", "world")["verdict"] == "pass"
+    assert _row(res, "all_gather busbw", "world")["verdict"] == "pass"
+    assert _row(res, "reduce_scatter busbw", "world")["verdict"] == "warn"
+    assert _row(res, "all_to_all busbw", "world")["verdict"] == "fail"
+    assert _row(res, "all_to_all busbw", "world")["size"] == "1 GiB"  # judged at the largest size
+    assert res["exit_code"] == 1
+
+
+def test_small_largest_size_is_not_judged_against_the_datasheet():
+    res = evaluate(synthetic_raw(busbw={c: 10.0 for c in COLLECTIVES}, top=2**24, gemm=(790,) * 4), _h200())
+    for c in COLLECTIVES:
+        assert _row(res, f"{c} busbw", "world")["verdict"].startswith("n/a")
+    assert res["exit_code"] == 0
+
+
+def test_slow_pair_is_named():
+    bw = {p: 360.0 for rnd in pair_rounds(4) for p in rnd}
+    bw[(1, 3)] = 300.0  # 16.7% below the best pair
+    res = evaluate(synthetic_raw(pair_bw=bw, gemm=(790,) * 4), _h200())
+    assert [p["pair"] for p in res["slow_pairs"]] == [[1, 3]]
+    assert _row(res, "sendrecv busbw (intra)", "pair 1-3")["verdict"] == "fail"
+    assert _row(res, "sendrecv busbw (intra)", "pair 0-1")["verdict"] == "pass"
+    assert res["exit_code"] == 1
+
+
+def test_cpu_results_are_never_judged():
+    res = evaluate(synthetic_raw(gemm=(1, 100, 1, 1), device="cpu"), _h200())
+    assert {r["verdict"] for r in res["checks"]} == {NA_CPU}
+    assert res["slow_gpus"] == [] and res["exit_code"] == 0 and res["measured_overrides"] == {}
+
+
+def test_measured_overrides_feed_the_planner_preset():
+    raw = synthetic_raw(busbw={"all_reduce": 330.0, "all_gather": 280.0, "reduce_scatter": 270.0, "all_to_all": 300.0})
+    ov = measured_overrides(evaluate(raw, _h200()))
+    assert ov == {"gemm_eff": round(700 / 989, 4), "hbm_tbps": 4.1, "intra_busbw_gbps": 275.0}
+    gpu = dataclasses.replace(_h200(), **ov)  # every key is a GPU field
+    assert gpu.intra_busbw_gbps == 275.0 and gpu.gemm_eff == pytest.approx(0.7078, abs=1e-4)
+    # below 256 MiB nothing is taken for busbw
+    assert "intra_busbw_gbps" not in measured_overrides(evaluate(synthetic_raw(top=2**20), _h200()))
+
+
+# -- real runs on CPU -------------------------------------------------------------------------------
+
+def _check_cpu_result(res: dict, world: int) -> None:
+    sizes = res["settings"]["sizes"]
+    assert res["device"] == "cpu" and res["world_size"] == world and res["exit_code"] == 0
+    assert {r["verdict"] for r in res["checks"]} == {NA_CPU}
+    assert res["note"] and "not meaningful" in res["note"]
+    assert sorted(g["rank"] for g in res["gemm"] if g["dtype"] == "fp32") == list(range(world))
+    assert sorted(h["rank"] for h in res["hbm"]) == list(range(world))
+    for c in COLLECTIVES:
+        rows = {r["size"]: r for r in res["collectives"] if r["collective"] == c and r["group"] == "world"}
+        assert sorted(rows) == sizes, c
+        for size, r in rows.items():
+            assert r["bytes"] == collective_elems(c, size, world, 4)[0]
+            assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * busbw_factor(c, world))
+            assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
+    want = {(a, b, s) for a in range(world) for b in range(a + 1, world) for s in sizes}
+    assert {(*p["ranks"], p["size"]) for p in res["pairs"]} == want
+    assert all(p["bytes"] == p["size"] for p in res["pairs"])
+    assert {b["check"] for b in res["baseline"]} >= {"gemm fp32", "all_reduce (world)"}
+    assert all(b["ratio"] > 0 for b in res["baseline"])
+    assert res["measured_overrides"] == {}
+
+
+def test_two_process_gloo_preflight_via_the_command(tmp_path, capsys):
+    out = tmp_path / "runs"
+    p = subprocess.run(preflight_cmd("--quick", "--device", "cpu", "--nproc-per-node", "2", "--json", "--out", str(out)),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env())
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout)  # one JSON object, nothing else on stdout
+    assert res["settings"]["sizes"] == [8, 256, 8192]
+    _check_cpu_result(res, 2)
+    (run_dir,) = out.iterdir()
+    assert run_dir.name.startswith("preflight-") and Path(res["result_path"]) == run_dir / "preflight.json"
+    assert json.loads((run_dir / "preflight.json").read_text())["checks"] == res["checks"]
+    # the human table, from the same result
+    from trainperf.preflight.cli import print_result
+
+    print_result(res)
+    table = capsys.readouterr().out
+    assert "all_to_all busbw" in table and "pair 0-1" in table and "8 KiB" in table
+    assert "not meaningful" in table and str(run_dir / "preflight.json") in table.replace("\n", "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_runs_as_one_rank_under_external_torchrun_on_two_nodes(tmp_path):
+    """Two torchrun agents of 2 ranks each (2 "nodes" on one host: LOCAL_WORLD_SIZE=2): every rank
+    runs preflight in-process; intra-node groups, rails and pair kinds come from the layout."""
+    out, port = tmp_path / "runs", _free_port()
+    tail = preflight_cmd("--quick", "--device", "cpu", "--max-bytes", "256", "--json", "--out", str(out))[1:]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(k),
+                               "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), *tail],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for k in (0, 1)]
+    results = [p.communicate(timeout=150) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+    res = json.loads(results[0][0])
+    assert results[1][0].strip() == ""  # only rank 0 reports
+    _check_cpu_result(res, 4)
+    assert len(res["nodes"]) == 2
+    groups = {g["label"]: (g["kind"], g["ranks"]) for g in res["groups"]}
+    assert groups["world"] == ("inter", [0, 1, 2, 3])
+    assert sorted(v for k, v in groups.items() if k.startswith("node")) == [("intra", [0, 1]), ("intra", [2, 3])]
+    assert sorted(v for k, v in groups.items() if k.startswith("rail")) == [("inter", [0, 2]), ("inter", [1, 3])]
+    for label in groups:
+        for c in COLLECTIVES:
+            assert any(r["group"] == label and r["collective"] == c for r in res["collectives"]), (label, c)
+    links = {tuple(p["ranks"]): p["link"] for p in res["pairs"]}
+    assert links[(0, 1)] == links[(2, 3)] == "intra" and links[(0, 2)] == links[(1, 3)] == "inter"
+    assert len(list(out.iterdir())) == 1  # one result directory, written by rank 0
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+BAD = {
+    "nproc_zero": (["--nproc-per-node", "0", "--device", "cpu"], "--nproc-per-node=0"),
+    "bad_size": (["--max-bytes", "12Q", "--device", "cpu"], "12Q"),
+    "bad_gpu": (["--gpu", "h999", "--device", "cpu"], "h999"),
+    "cuda_missing": (["--device", "cuda"], "no CUDA device"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+
+    def one(name):
+        args, _ = BAD[name]
+        return subprocess.run(preflight_cmd(*args, "--json", "--out", str(tmp / name)), cwd=tmp, capture_output=True,
+                              text=True, timeout=60, env=_env()), tmp / name
+
+    with ThreadPoolExecutor(len(BAD)) as pool:
+        return dict(zip(BAD, pool.map(one, BAD)))
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(bad_runs, name):
+    import torch
+
+    if name == "cuda_missing" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    p, out = bad_runs[name]
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainperf: error:") and BAD[name][1] in lines[0]
+    assert json.loads(p.stdout) == {"error": lines[0].removeprefix("trainperf: error: "), "exit_code": 2}
+    assert not out.exists()  # nothing launched, nothing written
+
+
+def test_more_processes_than_gpus_is_bad_input(monkeypatch):
+    import torch
+
+    from trainperf.preflight.cli import build_request
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    args = argparse.Namespace(nproc_per_node=3, quick=True, gpu=None, device="auto", max_bytes=None, iters=None,
+                              out="runs", json=False)
+    with pytest.raises(SpecError, match="--nproc-per-node 3 exceeds the 2 visible GPUs"):
+        build_request(args)
+    args.nproc_per_node = None  # default: every visible GPU, GPU sizes
+    req, nproc, external = build_request(args)
+    assert (nproc, external, req["device"], req["sizes"][-1]) == (2, False, "cuda", 2**30)

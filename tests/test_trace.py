@@ -1,0 +1,320 @@
+"""trainperf trace: interval arithmetic on hand-built timelines (checked against a point-set model),
+the nccl-tests bandwidth factors, mesh-group naming, the GPU (NCCL kernel) path on a hand-built
+trace with the argument schema torch 2.11 writes, and the whole capture + analysis on a recorded
+2-process gloo FSDP2 CPU profile with a planted straggler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainperf.trace import analyze as A
+from trainperf.trace import cli as trace_cli
+
+# ----------------------------------------------------------------------------------------------
+# interval arithmetic
+
+
+def points(intervals) -> set[int]:
+    return {x for s, e in intervals for x in range(s, e)}
+
+
+def test_merge_overlapping_touching_nested_unsorted_and_empty():
+    got = A.merge([(50, 60), (0, 10), (5, 20), (20, 25), (30, 40), (32, 35), (70, 70), (80, 79)])
+    assert got == [(0, 25), (30, 40), (50, 60)]  # touching (20) joins, nested (32-35) vanishes, empty dropped
+    assert A.total(got) == 25 + 10 + 10
+    assert A.merge([]) == []
+
+
+def test_interval_ops_match_a_point_set_model_on_random_timelines():
+    rng = random.Random(7)
+    for _ in range(300):
+        def rand_list():
+            out = []
+            for _ in range(rng.randint(0, 7)):
+                s = rng.randint(0, 60)
+                out.append((s, s + rng.randint(0, 15)))
+            return out
+
+        a, b = A.merge(rand_list()), A.merge(rand_list())
+        pa, pb = points(a), points(b)
+        assert points(A.intersect(a, b)) == pa & pb
+        assert points(A.subtract(a, b)) == pa - pb
+        assert points(A.union(a, b)) == pa | pb
+        lo, hi = rng.randint(0, 40), rng.randint(20, 80)
+        assert points(A.clip(a, lo, hi)) == {x for x in pa if lo <= x < hi}
+        for res in (A.intersect(a, b), A.subtract(a, b), A.clip(a, lo, hi)):  # results are merged lists
+            assert res == A.merge(res)
+        assert A.total(A.intersect(a, b)) == len(pa & pb)
+
+
+def test_breakdown_on_a_hand_built_step():
+    # step [0, 100): compute [10, 40) and [60, 90); comm [30, 70); a memcpy [92, 95)
+    comp, comm, mem = A.merge([(10, 40), (60, 90)]), A.merge([(30, 70)]), [(92, 95)]
+    b = A.breakdown(1, 0, 100, comp, comm, mem)
+    assert (b.compute, b.comm, b.overlap, b.exposed, b.mem) == (60, 40, 20, 20, 3)
+    assert b.idle == 100 - 80 - 3  # busy = [10, 90) + [92, 95)
+    # the window clips: only [50, 100) of the same timeline
+    b = A.breakdown(2, 50, 100, comp, comm, mem)
+    assert (b.compute, b.comm, b.overlap, b.idle) == (30, 20, 10, 50 - 40 - 3)
+    # nothing overlaps: all communication is exposed
+    b = A.breakdown(3, 0, 100, A.merge([(0, 10)]), A.merge([(10, 30)]))
+    assert (b.overlap, b.exposed, b.idle) == (0, 20, 70)
+
+
+def test_bandwidth_conventions_follow_nccl_tests():
+    assert A.busbw_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert A.busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert A.busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert A.busbw_factor("broadcast", 8) == 1.0
+    assert A.algo_bytes("all_gather", 100, 800) == 800  # S = total output
+    assert A.algo_bytes("reduce_scatter", 800, 100) == 800  # S = total input
+    assert A.algo_bytes("all_reduce", 400, 400) == 400
+    assert [A.op_kind(n) for n in ("_allgather_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+                                   "c10d::_reduce_scatter_base_", "allreduce", "gloo:all_reduce", "nccl:broadcast")] == [
+        "all_gather", "all_gather", "reduce_scatter", "reduce_scatter", "all_reduce", "all_reduce", "broadcast"]
+    assert A.dtype_bytes("BFloat16") == 2 and A.dtype_bytes("c10::BFloat16") == 2 and A.dtype_bytes("float") == 4
+
+
+def test_mesh_groups_name_the_parallel_dimension():
+    sizes = {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2}
+    g = A.mesh_groups(sizes, 5)  # coords (pp 0, rep 1, shard 0, cp 0, tp 1)
+    assert g["tp"] == (4, 5) and g["dp_shard"] == (5, 7) and g["dp_replicate"] == (1, 5)
+    assert g["dp"] == (1, 3, 5, 7) and g["dp_shard_cp"] == (5, 7) and g["world"] == tuple(range(8))
+    assert A.label_group((5, 7), g) == "dp_shard"  # a single dim wins over the equal flattened one
+    assert A.label_group((7, 5, 3, 1), g) == "dp"
+    assert A.label_group((4, 5), g) == "tp"
+    assert A.label_group((0, 5), g) is None
+    assert A.resolve_mesh_sizes({"dp_shard": -1, "tp": 2}, 8)["dp_shard"] == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# the GPU path on a hand-built NCCL trace (argument schema as torch 2.11 / NCCL 2.28 write it)
+
+
+def _gpu_rank_trace(rank: int, nccl_start_us: float) -> dict:
+    nccl_args = {"Collective name": "_allgather_base", "In msg nelems": 1000, "Out msg nelems": 2000, "Group size": 2,
+                 "dtype": "BFloat16", "Process Group Name": "0", "Process Group Description": "default_pg",
+                 "Process Group Ranks": "[0, 1]", "stream": 22, "correlation": 9}
+    return {"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2,
+                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]},
+            "traceEvents": [
+                {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": 1000.0,
+                 "dur": 1000.0},
+                {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#5", "pid": 0, "tid": 7, "ts": 1100.0,
+                 "dur": 650.0},
+                {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "pid": 0, "tid": 7, "ts": 1100.0, "dur": 300.0,
+                 "args": {}},
+                {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 "pid": 0, "tid": 22, "ts": nccl_start_us, "dur": 1600.0 - nccl_start_us, "args": nccl_args},
+                {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "pid": 0, "tid": 7,
+                 "ts": 1700.0, "dur": 50.0, "args": {}},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1010.0, "dur": 5.0},
+                # a pipeline send on rank 0 only, at a different time on each rank: never matched as a collective
+                {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+                 "pid": 0, "tid": 30, "ts": 1800.0 + 50 * rank, "dur": 10.0 + 10 * rank,
+                 "args": dict(nccl_args, **{"Collective name": "send", "In msg nelems": 64, "Out msg nelems": 64})},
+            ]}
+
+
+def test_gpu_trace_breakdown_collective_table_and_straggler():
+    sizes = {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
+    # rank 0 enters the all-gather at 1300 us and waits; rank 1 arrives at 1500 us: the straggler
+    traces = [A.parse_rank(_gpu_rank_trace(r, start), r, A.mesh_groups(sizes, r)) for r, start in ((0, 1300.0), (1, 1500.0))]
+    assert all(t.mode == "gpu" for t in traces)
+    s = A.analyze(traces)
+    r0, r1 = s["per_rank"]
+    assert r0["compute_s"] == pytest.approx(300e-6) and r0["comm_s"] == pytest.approx(310e-6)  # all-gather + send
+    assert r0["overlap_pct"] == pytest.approx(100 * 100 / 310)  # [1300, 1400) under the GEMM
+    assert r0["exposed_comm_s"] == pytest.approx(210e-6) and r0["mem_s"] == pytest.approx(50e-6)
+    assert r0["idle_s"] == pytest.approx(440e-6)  # 1000 - |[1100, 1600) + [1700, 1750) + [1800, 1810)|
+    assert r1["overlap_pct"] == 0 and r1["idle_s"] == pytest.approx(1000e-6 - 400e-6 - 50e-6 - 20e-6)
+    (c,) = [c for c in s["collectives"] if c["op"] == "all_gather"]
+    assert (c["op"], c["group"], c["group_size"], c["in_bytes"], c["bytes"]) == ("all_gather", "dp_shard", 2, 2000, 4000)
+    (p2p,) = [c for c in s["collectives"] if c["op"] == "send"]
+    assert p2p["bytes"] == 128 and p2p["mean_s"] == pytest.approx(15e-6) and p2p["transfer_s"] == p2p["mean_s"]
+    assert s["comm_by_group"]["dp_shard"]["bytes_per_step"] == 4000 + 128
+    assert c["transfer_s"] == pytest.approx(100e-6)  # the late rank's duration: the true transfer time
+    assert c["algbw_gbps"] == pytest.approx(4000 / 100e-6 / 1e9)
+    assert c["busbw_gbps"] == pytest.approx(c["algbw_gbps"] / 2)
+    assert r0["collective_wait_s"] == pytest.approx(200e-6) and r1["collective_wait_s"] == 0
+    st = s["skew"]["straggler"]
+    assert st["rank"] == 1 and st["others_wait_more_by_s_per_step"] == pytest.approx(200e-6) and st["arrived_last"] == 1
+    top = {t["name"]: t for t in s["top"]}
+    assert top["sm90_xmma_gemm_bf16"]["kind"] == "compute" and top["sm90_xmma_gemm_bf16"]["pct_of_compute"] == 100.0
+
+
+def test_overhead_from_steps_files():
+    steps = [{"index": i, "phase": p, "wall_s": w} for i, (p, w) in
+             enumerate([("wait", 9.0), ("wait", 1.0), ("warmup", 1.3), ("active", 1.2), ("active", 1.2), ("after", 1.0)])]
+    o = A.overhead({0: {"steps": steps, "export_s": 0.5}})
+    e = o["per_rank"]["0"]
+    assert (e["baseline_steps"], e["profiled_steps"]) == (2, 2)  # step 0 (9 s: the run's warm-up) is left out
+    assert e["overhead_pct"] == pytest.approx(20.0) and o["overhead_pct"] == pytest.approx(20.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# a recorded 2-process gloo FSDP2 profile (torchrun), captured with StepProfiler
+
+SKIP, WARMUP, ACTIVE, AFTER, WORLD, SLEEP_S = 2, 1, 3, 2, 2, 0.04
+LAYERS = [(16, 33), (33, 8)]  # Linear(in, out): 33 output rows do not split evenly over 2 ranks -> padding
+
+SCRIPT = textwrap.dedent(f"""
+    import sys, time
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from trainperf.trace.capture import StepProfiler
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(i, o) for i, o in {LAYERS}])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    prof = StepProfiler(sys.argv[1], rank, warmup_steps={WARMUP}, active_steps={ACTIVE}, wait_steps={SKIP},
+                        device_type="cpu", mesh_sizes={{"pp": 1, "dp_replicate": 1, "dp_shard": world, "cp": 1, "tp": 1}})
+    for step in range({SKIP + WARMUP + ACTIVE + AFTER}):
+        if rank == 1:
+            time.sleep({SLEEP_S})  # a planted straggler: rank 0 waits for it in the first all-gather
+        model(torch.randn(64, {LAYERS[0][0]})).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+    prof.close()
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("gloo_fsdp")
+    script = run_dir / "fsdp_profile.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+                           str(script), str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+def shard_elements(in_f: int, out_f: int, world: int) -> int:
+    """FSDP2 shards every parameter on dim 0, padded to a multiple of the world size."""
+    return math.ceil(out_f / world) * in_f + math.ceil(out_f / world)  # weight [out, in] + bias [out]
+
+
+def test_capture_writes_traces_and_step_phases(gloo_run):
+    trace = gloo_run / "trace"
+    for r in range(WORLD):
+        assert (trace / f"rank{r}.json.gz").stat().st_size > 0
+        info = json.loads((trace / f"rank{r}.steps.json").read_text())
+        phases = [s["phase"] for s in info["steps"]]
+        assert phases == ["wait"] * SKIP + ["warmup"] * WARMUP + ["active"] * ACTIVE + ["after"] * AFTER
+        assert info["trace_file"] == f"rank{r}.json.gz" and info["export_s"] > 0
+    t = A.parse_rank(A.load_trace(trace / "rank0.json.gz"), 0)
+    assert [k for k, _, _ in t.steps] == list(range(SKIP + WARMUP, SKIP + WARMUP + ACTIVE))  # ProfilerStep#k
+    assert t.mode == "cpu"
+    # exact identity per step, in integer ns: span = compute + comm - overlap + idle (no memcpy on CPU)
+    for k, lo, hi in t.steps:
+        b = A.breakdown(k, lo, hi, t.comp, t.comm, t.mem)
+        assert b.span == b.compute + b.comm - b.overlap + b.idle
+        assert b.compute > 0 and b.comm > 0 and b.idle >= 0 and 0 <= b.overlap <= min(b.compute, b.comm)
+
+
+def test_gloo_fsdp_collective_table_has_padded_shard_bytes(gloo_run):
+    s = A.analyze_dir(gloo_run / "trace")
+    assert s["mode"] == "cpu" and s["ranks"] == [0, 1] and s["mesh_sizes"]["dp_shard"] == WORLD
+    shards = sorted(shard_elements(i, o, WORLD) * 4 for i, o in LAYERS)  # fp32 bytes per rank
+    assert shards == [136 * 4, 289 * 4]  # Linear(33, 8): 4 rows x 33 + 4; Linear(16, 33): 17 rows x 16 + 17
+    ag = [c for c in s["collectives"] if c["op"] == "all_gather"]
+    rs = [c for c in s["collectives"] if c["op"] == "reduce_scatter"]
+    assert sorted(c["in_bytes"] for c in ag) == shards
+    assert sorted(c["bytes"] for c in ag) == [WORLD * b for b in shards]  # S = the gathered output
+    assert sorted(c["out_bytes"] for c in rs) == shards
+    assert sorted(c["bytes"] for c in rs) == [WORLD * b for b in shards]  # S = the reduced input
+    for c in ag + rs:
+        assert c["group"] == "dp_shard" and c["group_size"] == WORLD and c["ranks"] == WORLD
+        assert c["transfer_s"] <= c["mean_s"] and c["algbw_gbps"] > 0
+        assert c["busbw_gbps"] == pytest.approx(c["algbw_gbps"] * (WORLD - 1) / WORLD)
+    # per unit and step: all-gather in forward and again in backward (resharded after forward), one reduce-scatter
+    assert all(c["count_per_rank"] == 2 * ACTIVE for c in ag)
+    assert all(c["count_per_rank"] == ACTIVE for c in rs)
+    assert {c["op"] for c in s["collectives"]} == {"all_gather", "reduce_scatter"}
+
+
+def test_gloo_fsdp_straggler_skew_and_overhead(gloo_run):
+    s = A.analyze_dir(gloo_run / "trace")
+    r0, r1 = s["per_rank"]
+    # rank 1 sleeps SLEEP_S per step outside any op: idle for it, waiting inside gloo for rank 0
+    assert r0["collective_wait_s"] > 0.5 * SLEEP_S > r1["collective_wait_s"]
+    assert r0["comm_s"] > r1["comm_s"] and r1["idle_s"] > r0["idle_s"]
+    st = s["skew"]["straggler"]
+    assert st["rank"] == 1 and st["others_wait_more_by_s_per_step"] > 0.5 * SLEEP_S
+    assert st["matched_collectives"] == 3 * 2 * ACTIVE  # 2 AG + 1 RS per unit per step, all paired across ranks
+    assert set(s["skew"]["step_s_by_rank"]) == {"0", "1"}
+    assert len(s["steps"]) == WORLD * ACTIVE
+    assert s["overhead"]["per_rank"]["0"]["baseline_steps"] == (SKIP - 1) + AFTER
+    assert s["overhead"]["overhead_pct"] is not None
+    assert any(t["kind"] == "compute" and t["name"].startswith("aten::") for t in s["top"])
+    assert any(t["kind"] == "comm" and t["name"] == "gloo:all_gather" for t in s["top"])
+
+
+def _cli(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="trainperf trace")
+    trace_cli.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_cli_analyze_writes_summary_and_json(gloo_run, capsys):
+    rc = trace_cli.run(_cli(["--analyze", str(gloo_run), "--json"]))
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    saved = json.loads((gloo_run / "trace_summary.json").read_text())
+    assert out["collectives"] == saved["collectives"] and len(out["collectives"]) == 4
+    assert out["summary_file"] == str(gloo_run / "trace_summary.json")
+    rc = trace_cli.run(_cli(["--analyze", str(gloo_run / "trace")]))  # the rich tables
+    text = capsys.readouterr().out
+    assert rc == 0 and "all_gather" in text and "straggler: rank 1" in text and "profiler overhead" in text
+
+
+def test_cli_bad_input(tmp_path, capsys):
+    assert trace_cli.run(_cli(["--json"])) == 2
+    assert "WORKLOAD" in json.loads(capsys.readouterr().out)["error"]
+    assert trace_cli.run(_cli(["--analyze", str(tmp_path / "nope")])) == 2
+    assert trace_cli.run(_cli(["--analyze", str(tmp_path)])) == 2  # a directory without traces
+    assert trace_cli.run(_cli(["mini-pretrain", "--steps", "0"])) == 2
+
+
+def test_trace_overrides_fix_the_window():
+    o = trace_cli.trace_overrides(_cli(["w", "--set", "train.max_steps=99", "--steps", "4", "--skip", "2"]))
+    assert o[0] == "mlperf.division=open" and o.index("train.max_steps=99") < o.index("train.max_steps=10")
+    assert "train.profile_steps=4" in o and "train.profile_wait=2" in o
+
+
+@pytest.mark.skipif(not trace_cli.loop_has_hook(), reason="the training loop has no profiler hook yet")
+def test_trainperf_trace_end_to_end_on_two_cpu_ranks(tmp_path):
+    from conftest import trainperf_cmd
+
+    proc = subprocess.run(trainperf_cmd("trace", "mini-pretrain", "--nproc-per-node", "2", "--steps", "2", "--warmup", "0",
+                                        "--after", "1", "--json", "--set", "hardware.device=cpu",
+                                        "--out", str(tmp_path / "runs")),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["ranks"] == [0, 1] and all(len(v) == 2 for v in s["steps_per_rank"].values())
+    ops = {(c["op"], c["group"]) for c in s["collectives"]}
+    assert ("all_gather", "dp_shard") in ops and ("reduce_scatter", "dp_shard") in ops
+    assert s["overhead"]["overhead_pct"] is not None
+    assert (tmp_path / "runs" / s["run"]["run_id"] / "trace_summary.json").is_file()
