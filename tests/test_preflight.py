@@ -292,6 +292,39 @@ def test_two_process_gloo_preflight_via_the_command(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "all_to_all busbw" in table and "pair 0-1" in table and "8 KiB" in table
     assert "not meaningful" in table and str(run_dir / "preflight.json") in table.replace("\n", "")
+    # kept in the store (cwd's trainperf.db), checks included; a CPU result never feeds the planner
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "trainperf.db") as c:
+        (device, n_checks) = c.execute("SELECT device, (SELECT COUNT(*) FROM preflight_checks) FROM preflights").fetchone()
+    assert device == "cpu" and n_checks == len(res["checks"]) and res["stored_as"] == run_dir.name
+    from trainperf.store.db import Store
+
+    assert Store(tmp_path / "trainperf.db").latest_preflight() is None
+
+
+def test_plan_uses_the_newest_gpu_preflight_unless_told_datasheet(tmp_path):
+    from trainperf.store.db import Store
+
+    store = Store(tmp_path / "t.db")
+    row = {"preflight_id": "pf1", "created_at": 1.0, "hosts": ["h"], "world_size": 2, "device": "cuda",
+           "gpu": "NVIDIA H200 SXM", "quick": False, "exit_code": 0, "n_pass": 11, "n_warn": 0, "n_fail": 0,
+           "overrides": {"gemm_eff": 0.4, "intra_busbw_gbps": 50.0}, "result_path": None}
+    store.save_preflight(row, [{"idx": 0, "check": "gemm bf16", "subject": "rank 0", "size": "8192^3", "value": 396.0,
+                                "unit": "TFLOP/s", "datasheet": 989.0, "pct": 40.0, "verdict": "fail", "note": None}])
+    assert store.latest_preflight("NVIDIA H200 SXM")["overrides"]["gemm_eff"] == 0.4
+    store.close()
+
+    def plan(*extra):
+        p = subprocess.run([sys.executable, "-m", "trainperf", "plan", "synthetic-lora", "--gpus", "2", "--gpu", "h200",
+                            "--json", "--top", "1", "--db", str(tmp_path / "t.db"), *extra],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    measured, datasheet = plan(), plan("--datasheet")
+    assert "pf1" in measured["measured"] and datasheet["measured"] is None
+    assert measured["ranked"][0]["step_time_s"] > 1.25 * datasheet["ranked"][0]["step_time_s"]  # half the GEMM rate
 
 
 def _free_port() -> int:

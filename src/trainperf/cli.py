@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", choices=["time", "throughput"], default="time",
                    help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
     p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--datasheet", action="store_true",
+                   help="use the GPU preset as is, not the figures the newest `trainperf preflight` of this GPU measured")
     p.add_argument("--gbs", metavar="LIST|rcp",
                    help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
                         "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
@@ -170,6 +172,22 @@ def cmd_plan(args) -> int:
         if args.gpus < 1:
             raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
         gpu = load_gpu(args.gpu)
+        measured_note = None
+        if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
+            import dataclasses
+
+            from trainperf.store.db import Store, StoreError
+
+            try:
+                store = Store(args.db)
+                found = store.latest_preflight(gpu.name)
+                store.close()
+            except StoreError:
+                found = None
+            if found and found["overrides"]:
+                gpu = dataclasses.replace(gpu, **found["overrides"])
+                measured_note = (f"using measured figures of preflight {found['preflight_id']} "
+                                 f"({', '.join(f'{k}={v}' for k, v in found['overrides'].items())}); --datasheet ignores them")
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         per_node = args.gpus_per_node or min(args.gpus, 8)
         gbs_values = None
@@ -208,7 +226,7 @@ def cmd_plan(args) -> int:
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
     if args.json:
-        print(json.dumps({"gpu": gpu.name, "gpus": args.gpus, "gpus_per_node": per_node, "ranked": rows,
+        print(json.dumps({"gpu": gpu.name, "measured": measured_note, "gpus": args.gpus, "gpus_per_node": per_node, "ranked": rows,
                           "fitting": len(fits), "not_fitting": len(oom),
                           "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                          indent=2))
@@ -233,6 +251,8 @@ def cmd_plan(args) -> int:
             cells.append(f"{c.time_to_train_s / 60:.1f}")
         table.add_row(*cells)
     console.print(table)
+    if measured_note:
+        console.print(measured_note)
     if not fits:
         console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "
                       f"{gpu.hbm_gib:.0f} GiB ({oom[0].set_line})")

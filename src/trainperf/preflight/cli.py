@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest message of the sweep, e.g. 1G or 64K (default 4G, quick 1G; CPU 1M, quick 8K)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed iterations per measurement (default 20, quick 10; CPU 3)")
+    p.add_argument("--db", default="trainperf.db",
+                   help="results store: the result is kept there and `plan` uses its measured figures (default ./trainperf.db)")
     p.add_argument("--out", default="runs",
                    help="directory under which preflight-<timestamp>/preflight.json is written (default ./runs)")
     if "--json" not in p._option_string_actions:  # trainperf's common options may already define it
@@ -215,11 +217,31 @@ def run(args) -> int:
     result["out_dir"] = str(run_dir)
     result["result_path"] = str(run_dir / "preflight.json")
     (run_dir / "preflight.json").write_text(json.dumps(result, indent=2))
+    result["stored_as"] = _store(result, run_dir.name, getattr(args, "db", None))
     if args.json:
         print(json.dumps(result))
     else:
         print_result(result)
     return result["exit_code"]
+
+
+def _store(result: dict, preflight_id: str, db: str | None) -> str | None:
+    """Keep the result in the store (one transaction); the JSON in the run dir is written first, so a
+    store problem loses nothing."""
+    if not db:
+        return None
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        store = Store(db)
+        try:
+            store.save_preflight(*checks.store_rows(result, preflight_id))
+        finally:
+            store.close()
+    except (StoreError, OSError, Exception) as exc:  # sqlite3 errors included
+        print(f"trainperf: warning: preflight not stored in {db}: {exc}", file=sys.stderr)
+        return None
+    return preflight_id
 
 
 # -- output ---------------------------------------------------------------------------------------

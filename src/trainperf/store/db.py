@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS = {
     1: """
@@ -104,6 +104,22 @@ MIGRATIONS = {
         started_at REAL,
         finished_at REAL,
         PRIMARY KEY (sweep_id, item_id)
+    );
+    """,
+    # v4: preflight results; the latest one of a GPU model feeds `plan` (measured beats datasheet)
+    4: """
+    CREATE TABLE preflights (
+        preflight_id TEXT PRIMARY KEY, created_at REAL NOT NULL, host TEXT, hosts_json TEXT NOT NULL,
+        world_size INTEGER NOT NULL, device TEXT NOT NULL, gpu TEXT, quick INTEGER NOT NULL,
+        exit_code INTEGER NOT NULL, n_pass INTEGER NOT NULL, n_warn INTEGER NOT NULL, n_fail INTEGER NOT NULL,
+        overrides_json TEXT NOT NULL, result_path TEXT
+    );
+    CREATE INDEX preflights_by_gpu ON preflights (gpu, created_at);
+    CREATE TABLE preflight_checks (
+        preflight_id TEXT NOT NULL REFERENCES preflights (preflight_id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL, check_name TEXT NOT NULL, subject TEXT NOT NULL, size TEXT, value REAL, unit TEXT,
+        datasheet REAL, pct REAL, verdict TEXT NOT NULL, note TEXT,
+        PRIMARY KEY (preflight_id, idx)
     );
     """,
 }
@@ -290,6 +306,31 @@ class Store:
         for r in rows:
             r["overrides"] = json.loads(r.pop("overrides_json"))
         return rows
+
+    def save_preflight(self, row: dict, checks: list[dict]) -> None:
+        """A preflight result and its checks, in one transaction."""
+        with self.transaction() as c:
+            c.execute("INSERT INTO preflights VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (row["preflight_id"], row.get("created_at") or time.time(), socket.gethostname(),
+                       json.dumps(row.get("hosts", [])), row["world_size"], row["device"], row.get("gpu"),
+                       int(bool(row.get("quick"))), row["exit_code"], row["n_pass"], row["n_warn"], row["n_fail"],
+                       json.dumps(row.get("overrides", {})), row.get("result_path")))
+            for ch in checks:
+                c.execute("INSERT INTO preflight_checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          (row["preflight_id"], ch["idx"], ch["check"], ch["subject"],
+                           None if ch.get("size") is None else str(ch["size"]), ch.get("value"), ch.get("unit"),
+                           ch.get("datasheet"), ch.get("pct"), ch["verdict"], ch.get("note")))
+
+    def latest_preflight(self, gpu: str | None = None) -> dict | None:
+        """The newest GPU preflight (of this GPU model, if given) with its measured preset overrides."""
+        q = "SELECT * FROM preflights WHERE device = 'cuda'" + (" AND gpu = ?" if gpu else "") + \
+            " ORDER BY created_at DESC LIMIT 1"
+        row = self.conn.execute(q, (gpu,) if gpu else ()).fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        out["overrides"] = json.loads(out.pop("overrides_json"))
+        return out
 
     def get_run(self, run_id: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
