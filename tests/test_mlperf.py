@@ -197,14 +197,16 @@ def _run(tmp: Path, *overrides: str) -> dict:
 
 @pytest.mark.slow
 def test_closed_recipe_reaches_target_and_passes_the_closed_checker(tmp_path, monkeypatch):
-    """The full closed recipe at seq 8192 with a stand-in architecture (about 4 minutes on 2 cores)."""
+    """The full closed recipe at seq 8192 with a stand-in architecture (about 2.5 minutes on 2 cores)."""
     monkeypatch.setitem(mlperf.CLOSED_ARCHITECTURES, "llama2_70b_lora", fabricate.tiny_model())
     monkeypatch.setitem(mlperf.CLOSED_DATA_ROWS, "llama2_70b_lora", {"train": 1600, "validation": 173})
     torch.set_num_threads(2)
     ck = fabricate.write_base_checkpoint(tmp_path / "ck", fused_qkv=True)
     data = fabricate.write_govreport_like(tmp_path / "d", 1600, 173, 8192, fmt="parquet")
+    # micro-batch 4 (accumulation 2) and eval batches of 8: implementation choices the rules leave open,
+    # and 40% faster on a CPU than one sequence at a time
     spec, s = _run(tmp_path, f"model.path={ck}", f"data.path={data}", "hardware.device=cpu",
-                   "train.untimed_warmup_steps=0", "train.recompute=none")
+                   "train.untimed_warmup_steps=0", "train.recompute=none", "train.micro_batch_size=4", "eval.batch_size=8")
     assert spec.mlperf.division == "closed" and spec.mlperf.comparable
     assert s["status"] == "success", s
     assert s["samples_to_target"] == 1536  # first eval after skipping 3: (3 + 1) * 384
