@@ -20,7 +20,9 @@ def fill(store: Store, tmp_path) -> None:
     rows = [("a", "w", 1, 100.0), ("b", "w", 2, 60.0), ("c", "w", 4, 40.0), ("d", "w", 4, 30.0), ("e", "w", 8, None)]
     rows += [(f"s{i}", "v", 2, t) for i, t in enumerate([50.0, 10.0, 20.0, 30.0, 40.0])]
     for i, (run_id, w, n, ttt) in enumerate(rows):
-        store.create_run(run_id, w, {"x": 1}, f"dp_shard={n}", n, "open", False, 0.9, str(tmp_path))
+        spec = {"parallel": {"dp_replicate": 1, "dp_shard": n, "tp": 1, "pp": 1, "cp": 1, "sp": False},
+                "train": {"global_batch_size": 16, "micro_batch_size": 2}}
+        store.create_run(run_id, w, spec, f"dp_shard={n}", n, "open", False, 0.9, str(tmp_path))
         mllog = str(write_log(tmp_path / "logs" / f"{run_id}.txt", ttt / 60, seed=i)) if w == "v" else None
         store.finish_run(run_id, status="success" if ttt else "failed", time_to_train_s=ttt, step_time_s=0.5,
                          tokens_per_s_per_gpu=1000.0 / n, mfu=0.4, mllog_path=mllog, step_rows=[
@@ -36,6 +38,7 @@ def test_scaling_speedup_and_efficiency(tmp_path):
     assert rows[("w", 2)]["speedup"] == pytest.approx(100 / 60)
     assert rows[("w", 4)]["efficiency"] == pytest.approx((100 / 30) / 4)
     assert rows[("v", 2)]["speedup"] == 1.0
+    assert (rows[("w", 4)]["dp"], rows[("w", 4)]["gbs"], rows[("w", 4)]["mbs"], rows[("w", 4)]["tp"]) == (4, 16, 2, 1)
 
 
 def test_olympic_score_drops_fastest_and_slowest(tmp_path):

@@ -14,6 +14,20 @@ from collections import defaultdict
 from trainperf.report.published import LLAMA2_70B_LORA, SOURCE
 
 
+def _layout_columns(run: dict) -> dict:
+    """DP, TP, PP, CP, SP, GBS, MBS of a stored run (from its spec), for the operators' scaling table."""
+    import json
+
+    try:
+        spec = json.loads(run.get("spec_json") or "{}")
+    except ValueError:
+        spec = {}
+    p, t = spec.get("parallel", {}), spec.get("train", {})
+    dp = (p.get("dp_replicate") or 1) * (p.get("dp_shard") or 1) if p.get("dp_shard", -1) > 0 else None
+    return {"dp": dp, "tp": p.get("tp"), "pp": p.get("pp"), "cp": p.get("cp"), "sp": p.get("sp"),
+            "gbs": t.get("global_batch_size"), "mbs": t.get("micro_batch_size")}
+
+
 def scaling_rows(runs: list[dict]) -> list[dict]:
     """Per workload and GPU count, the fastest successful run; speedup against the smallest GPU
     count of that workload and efficiency against ideal (linear) scaling."""
@@ -31,7 +45,8 @@ def scaling_rows(runs: list[dict]) -> list[dict]:
         for n in sizes:
             r = best[(workload, n)]
             speedup = base_t / r["time_to_train_s"]
-            rows.append({"workload": workload, "gpus": n, "layout": r["layout"], "time_to_train_s": r["time_to_train_s"],
+            rows.append({"workload": workload, "gpus": n, "layout": r["layout"], **_layout_columns(r),
+                         "time_to_train_s": r["time_to_train_s"],
                          "speedup": speedup, "efficiency": speedup / (n / base_n), "run_id": r["run_id"],
                          "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "mfu": r.get("mfu"),
                          "runs": sum(1 for x in runs if x["workload"] == workload and x["world_size"] == n
@@ -135,9 +150,12 @@ def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
     scaling = scaling_rows(runs)
     scores = olympic_scores(runs)
     parts = [f"<h1>trainperf report</h1><p>{len(runs)} runs, generated {time.strftime('%Y-%m-%d %H:%M')}</p>"]
-    parts.append("<h2>Scaling</h2>" + (_table(
-        ["workload", "GPUs", "layout", "time to train (s)", "speedup", "efficiency", "tokens/s/GPU", "MFU", "runs"],
-        [[r["workload"], r["gpus"], r["layout"], _f(r["time_to_train_s"], ".1f"), _f(r["speedup"], ".2f"),
+    parts.append("<h2>Scaling table</h2>" + (_table(
+        ["workload", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "time to train (s)", "speedup", "efficiency",
+         "tokens/s/GPU", "MFU", "runs"],
+        [[r["workload"], r["gpus"], _f(r.get("dp"), ""), _f(r.get("tp"), ""), _f(r.get("pp"), ""), _f(r.get("cp"), ""),
+          "y" if r.get("sp") else "-", _f(r.get("gbs"), ""), _f(r.get("mbs"), ""),
+          _f(r["time_to_train_s"], ".1f"), _f(r["speedup"], ".2f"),
           _f(100 * r["efficiency"], ".0f") + "%", _f(r["tokens_per_s_per_gpu"], ",.0f"),
           _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
         if scaling else "<p>No successful runs yet.</p>"))
