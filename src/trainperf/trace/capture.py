@@ -153,4 +153,7 @@ def profiler_for(spec, run_dir, rank: int, device_type: str, mesh=None) -> StepP
         return NullProfiler()
     return StepProfiler(run_dir, rank, warmup_steps=int(getattr(t, "profile_warmup", 1)), active_steps=active,
                         wait_steps=int(getattr(t, "profile_wait", 1)), device_type=device_type,
-                        mesh_sizes=mesh_sizes_of(mesh))
+                        mesh_sizes=mesh_sizes_of(mesh),
+                        # on GPU the NCCL kernels carry their own sizes and groups: skip the per-op shape
+                        # recording (profiler overhead); gloo on CPU needs the shapes to size collectives
+                        record_shapes=device_type != "cuda")
