@@ -143,6 +143,15 @@ def test_activation_checkpointing_changes_nothing(tmp_path, references, recomput
     assert_same_training(run, references("mini-lora"))
 
 
+@pytest.mark.parametrize("workload", ["mini-lora", "mini-pretrain"])
+def test_chunked_loss_under_fsdp_changes_nothing(tmp_path, references, workload):
+    """train.loss_chunk_tokens under FSDP2: the LM head runs inside the root's forward, chunk by chunk,
+    and training (losses, eval, final weights) matches the single-process reference."""
+    run = run_three_steps(tmp_path, workload, 2, ["parallel.dp_shard=2", "train.loss_chunk_tokens=100"])
+    assert run["spec"]["train"]["loss_chunk_tokens"] == 100
+    assert_same_training(run, references(workload))
+
+
 def test_sharded_checkpoint_load_reads_only_local_blocks(tmp_path, references):
     """Under FSDP each rank reads its own rows of every tensor straight from the safetensors file."""
     run = run_three_steps(tmp_path, "mini-lora", 2, LAYOUTS["fsdp"][1])

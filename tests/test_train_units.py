@@ -416,3 +416,43 @@ def test_markov_rows_and_redraw():
     assert changed == rows
     assert ((other.probs > 0).sum(1) == 4).all()
     assert other.entropy_rate() != src.entropy_rate()
+
+
+def test_chunked_loss_matches_full_logits_loss_and_grads():
+    """train.loss_chunk_tokens: the same loss sum and the same gradients, chunk size not dividing the tokens."""
+    from trainperf.model.llama import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = ModelSpec(vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                    max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg)
+    ids = torch.randint(0, 50, (3, 40))
+    mask = torch.rand(3, 40) > 0.3
+    labels, label_mask = shift_targets(ids, mask)
+    full = (F.cross_entropy(model(ids).reshape(-1, 50), labels.reshape(-1), reduction="none")
+            * label_mask.reshape(-1).float()).sum()
+    full.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    chunked = model(ids, labels=labels, label_mask=label_mask, loss_chunk_tokens=17)
+    chunked.backward()
+    assert torch.allclose(chunked, full, rtol=1e-6, atol=1e-5)
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, ref[n], rtol=1e-5, atol=1e-6), n
+
+
+def test_chunked_loss_run_matches_unchunked_run(tmp_path):
+    from trainperf.launch import local
+
+    losses = []
+    for chunk in (0, 100):
+        spec, _ = local.prepare("mini-lora", None, ["hardware.device=cpu", "train.seed=3", "train.max_steps=4",
+                                                    "train.log_every=1", f"train.loss_chunk_tokens={chunk}",
+                                                    "eval.every_samples=100000"], 1)
+        s = local.launch(spec, str(tmp_path / "runs"), str(tmp_path / "t.db"), 1, progress=False)
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "t.db") as c:
+            losses.append([r[0] for r in c.execute("SELECT loss FROM steps WHERE run_id=? ORDER BY step", (s["run_id"],))])
+    assert len(losses[0]) == 4
+    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5

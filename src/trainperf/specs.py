@@ -95,6 +95,9 @@ class TrainSpec:
     # forward+backward passes on synthetic tokens before the clock starts (allocator, kernels, NCCL);
     # no optimizer step, gradients dropped and RNG states restored, so no model or optimizer state changes
     untimed_warmup_steps: int = 0
+    # >0: compute the training loss this many tokens at a time (LM head + cross entropy checkpointed per
+    # chunk) instead of materialising all logits; saves ~10 B x vocab per token (needs tp=1, pp=1)
+    loss_chunk_tokens: int = 0
     # torch.profiler on every rank (trainperf trace): 0 = off; else loop steps 1..profile_wait run unprofiled,
     # profile_warmup more warm the profiler up, then profile_steps are recorded to RUN_DIR/trace
     profile_steps: int = 0
@@ -452,6 +455,11 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     if e.every_samples < 1 or e.skip_first < -1:
         raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0 (or -1: the MLPerf LoRA rule)")
+    if t.loss_chunk_tokens < 0:
+        raise SpecError(f"train.loss_chunk_tokens={t.loss_chunk_tokens}: must be >= 0 (0: no chunking)")
+    if t.loss_chunk_tokens > 0 and (spec.parallel.tp > 1 or spec.parallel.pp > 1):
+        raise SpecError("train.loss_chunk_tokens > 0 needs parallel.tp=1 and parallel.pp=1 (tensor parallel already "
+                        "shards the logits over the vocabulary; the pipeline's last stage computes its own loss)")
     if min(t.profile_steps, t.profile_warmup, t.profile_wait) < 0:
         raise SpecError("train.profile_steps, profile_warmup and profile_wait must be >= 0")
     if t.collective_timeout_s <= 0:

@@ -172,9 +172,18 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                label_mask: torch.Tensor | None = None, loss_chunk_tokens: int = 0) -> torch.Tensor:
+        """Logits; or, given labels (and their mask) and a chunk size, the summed masked loss computed
+        chunk by chunk (train.loss_chunk_tokens) -- inside forward, so FSDP's root hooks cover the head."""
         h = self.model(x, positions)
-        return self.lm_head(h) if self.lm_head is not None else h
+        if self.lm_head is None:
+            return h
+        if labels is not None and loss_chunk_tokens > 0:
+            from trainperf.train.loss import chunked_loss_sum
+
+            return chunked_loss_sum(self.lm_head, h, labels, label_mask, loss_chunk_tokens)
+        return self.lm_head(h)
 
 
 def build_on_meta(cfg: ModelSpec) -> LlamaForCausalLM:

@@ -127,7 +127,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     if tr.recompute == "full":  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
-    est.memory["logits_and_loss"] = 10.0 * tokens_mb * V / t
+    chunk = tr.loss_chunk_tokens
+    est.memory["logits_and_loss"] = 10.0 * (min(tokens_mb, chunk) if chunk > 0 else tokens_mb) * V / t
     # torch.optim.AdamW(foreach=True) allocates sqrt(exp_avg_sq) for every local trainable parameter
     # (4 B each) during the step, after backward has freed the activations: it raises the peak only by
     # what it exceeds the backward-time working set by (measured: 7B full training, FSDP2 on 2 H200s)
@@ -166,6 +167,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         cp_bytes = 3 * (c - 1) * kv * L_rank
         est.comm["cp"] = cp_bytes * mb
         t_cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * t_attn)
+    if chunk > 0:  # chunked loss: the LM head's forward runs again in backward
+        t_recompute += 2.0 * V * h * tokens_mb / t / (peak * gpu.gemm_eff)
     t_micro = t_lin + t_attn + t_other + t_recompute + t_tp + t_cp
     est.time.update(gemm=t_lin * mb, attention=t_attn * mb, elementwise=t_other * mb, recompute=t_recompute * mb,
                     tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)

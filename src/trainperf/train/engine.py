@@ -135,8 +135,12 @@ class Engine:
             ids, labels, label_mask, positions = self._inputs(ids, mask)
             model.set_requires_gradient_sync(i == len(micro_batches) - 1)
             with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
-                logits = model(ids, positions if self.spec.parallel.cp > 1 else None)
-                loss = masked_loss_sum(logits, labels, label_mask) / global_tokens
+                pos = positions if self.spec.parallel.cp > 1 else None
+                chunk = self.spec.train.loss_chunk_tokens
+                if chunk > 0:  # the loss inside forward, chunk by chunk: no full logits tensor
+                    loss = model(ids, pos, labels=labels, label_mask=label_mask, loss_chunk_tokens=chunk) / global_tokens
+                else:
+                    loss = masked_loss_sum(model(ids, pos), labels, label_mask) / global_tokens
                 (loss * self.scale).backward()
             loss_local += loss.detach()
         return loss_local
