@@ -272,7 +272,8 @@ def test_gbs_search_ranks_by_rcp_time_to_train():
 
 
 def test_chunked_loss_trades_logit_memory_for_one_more_head_forward():
-    base = estimate(spec_for("model.vocab_size=128256"), PRESETS["h200"], 8)
-    chunked = estimate(spec_for("model.vocab_size=128256", "train.loss_chunk_tokens=1024"), PRESETS["h200"], 8)
+    base = estimate(spec_for("model.vocab_size=128256", "parallel.dp_shard=1"), PRESETS["h200"], 8)
+    chunked = estimate(spec_for("model.vocab_size=128256", "train.loss_chunk_tokens=1024", "parallel.dp_shard=1"),
+                       PRESETS["h200"], 8)
     assert chunked.memory["logits_and_loss"] == pytest.approx(base.memory["logits_and_loss"] / 8)  # 8192 -> 1024 tokens
     assert chunked.step_time_s > base.step_time_s
