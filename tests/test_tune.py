@@ -11,6 +11,7 @@ from conftest import trainperf_cmd
 def test_tune_keeps_the_measured_fastest(tmp_path):
     out = subprocess.run(
         trainperf_cmd("tune", "mini-pretrain", "--gpus", "1", "--top", "4", "--steps", "3", "--budget-minutes", "5",
+                      "--abandon-factor", "0",  # CPU: H200 predictions say nothing here, try every layout
                       "--set", "hardware.device=cpu", "--json", "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")),
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -23,3 +24,30 @@ def test_tune_keeps_the_measured_fastest(tmp_path):
     assert len(res["trials"]) == 6  # then one is left: it wins without another round
     assert res["winner"] == min(second, key=lambda t: t["step_time_s"])["id"]
     assert res["command"].startswith("trainperf run mini-pretrain --nproc-per-node 1 --set parallel.tp=1")
+
+
+def test_recalibrated_planner_abandons_clearly_slower_layouts():
+    """After each trial the predictions are scaled by measured/predicted; a layout predicted (so scaled)
+    above 1.25 x the best measured step is not run."""
+    from types import SimpleNamespace
+
+    from trainperf.launch.tune import Trial, successive_halving
+
+    def cand(i, predicted):
+        return SimpleNamespace(id=f"P{i}", est=SimpleNamespace(step_time_s=predicted), set_line="")
+
+    cands = [cand(1, 1.0), cand(2, 1.1), cand(3, 2.0), cand(4, 1.15)]
+    actual = {"P1": 2.0, "P2": 2.4, "P3": 4.0, "P4": 2.3}  # the machine runs everything 2x slower than planned
+    ran = []
+
+    def fake_run(workload, gpus, c, steps, db, out, extra, left):
+        ran.append((c.id, steps))
+        return Trial(c, steps, step_time_s=actual[c.id])
+
+    res = successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None, run=fake_run)
+    assert ("P3", 3) not in ran  # 2.0 planned x 2.0 measured/planned = 4.0 > 1.25 x 2.0: never tried
+    assert [t.candidate.id for t in res.trials if t.error and "not tried" in t.error] == ["P3"]
+    assert res.winner.id == "P1"
+    res_all = successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None,
+                                 run=fake_run, abandon_factor=0)
+    assert all(t.step_time_s for t in res_all.trials)  # 0: every layout is tried

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=8, help="how many planned layouts to try (default 8)")
     p.add_argument("--budget-minutes", type=float, default=30.0, help="stop starting trials after this (default 30)")
     p.add_argument("--steps", type=int, default=4, help="steps per trial in the first round (doubles each round)")
+    p.add_argument("--abandon-factor", type=float, default=1.25,
+                   help="skip a layout whose planner prediction, recalibrated on the trials so far, exceeds this "
+                        "many times the best measured step (0: try every layout; default 1.25)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
     _common(p)
@@ -309,7 +312,7 @@ def cmd_tune(args) -> int:
         return _bad_input(str(exc), args.json)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
-                             args.budget_minutes * 60, args.steps, echo)
+                             args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor)
     trials = [{"id": t.candidate.id, "set": t.candidate.set_line, "steps": t.steps, "step_time_s": t.step_time_s,
                "planned_step_time_s": t.candidate.est.step_time_s, "run_id": t.run_id, "error": t.error}
               for t in res.trials]

@@ -2,7 +2,9 @@
 
 Round 1 runs every candidate for a few steps; each later round keeps the faster half (by measured
 median step time, the first step excluded) and runs it for twice as many steps, until one is left or
-the time budget is spent. Every trial is a real `trainperf run` in its own process tree, stored like
+the time budget is spent. After every finished trial the planner is recalibrated to this machine (the
+median measured/predicted step-time ratio so far), and a candidate whose recalibrated prediction is
+more than ``abandon_factor`` times the best measured step is not tried at all. Every trial is a real `trainperf run` in its own process tree, stored like
 any run, so an OOM, a crash or a layout the machine cannot run is recorded with its reason and the
 search goes on.
 """
@@ -58,23 +60,41 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
     return trial
 
 
+def recalibrated(cand: Candidate, ratios: list[float]) -> float:
+    """The planner's step time for a candidate, scaled by how the measured trials compared with it."""
+    import statistics
+
+    return cand.est.step_time_s * (statistics.median(ratios) if ratios else 1.0)
+
+
 def successive_halving(workload: str, gpus: int, candidates: list[Candidate], db: str, out: str, extra: list[str],
-                       budget_s: float, first_steps: int = 4, echo=print) -> TuneResult:
+                       budget_s: float, first_steps: int = 4, echo=print, abandon_factor: float = 1.25,
+                       run=run_trial) -> TuneResult:
     result = TuneResult()
     t0 = time.perf_counter()
     alive, steps = list(candidates), first_steps
+    ratios: list[float] = []  # measured / predicted step time of every finished trial
+    best = float("inf")
     while alive:
         measured = []
         for cand in alive:
             left = budget_s - (time.perf_counter() - t0)
             if left <= 0:
                 break
-            trial = run_trial(workload, gpus, cand, steps, db, out, extra, left)
+            if abandon_factor and ratios and recalibrated(cand, ratios) > abandon_factor * best:
+                trial = Trial(cand, steps, error=f"not tried: recalibrated prediction {recalibrated(cand, ratios):.4f} s/step "
+                                                 f"> {abandon_factor:g} x best measured {best:.4f}")
+                result.trials.append(trial)
+                echo(f"{cand.id:>10s} {steps:3d} steps: {trial.error}")
+                continue
+            trial = run(workload, gpus, cand, steps, db, out, extra, left)
             result.trials.append(trial)
             echo(f"{cand.id:>10s} {steps:3d} steps: " + (f"{trial.step_time_s:.4f} s/step (planned "
                  f"{cand.est.step_time_s:.4f})" if trial.step_time_s else f"dropped: {trial.error}"))
             if trial.step_time_s:
                 measured.append(trial)
+                ratios.append(trial.step_time_s / cand.est.step_time_s)
+                best = min(best, trial.step_time_s)
         if not measured:
             break
         measured.sort(key=lambda tr: tr.step_time_s)
