@@ -87,9 +87,10 @@ def test_metrics_port_serves_while_a_run_trains(tmp_path):
                 pass
             time.sleep(0.2)
     finally:
+        if proc.poll() is None:
+            proc.terminate()  # seen what we came for; the run records itself as failed (interrupted)
         proc.wait(timeout=300)
     assert seen is not None and seen >= 1
-    assert proc.returncode in (0, 1)
 
 
 def test_bad_metrics_port_is_refused(tmp_path):
