@@ -280,3 +280,47 @@ def test_chunked_loss_trades_logit_memory_for_one_more_head_forward():
                        PRESETS["h200"], 8)
     assert chunked.memory["logits_and_loss"] == pytest.approx(base.memory["logits_and_loss"] / 8)  # 8192 -> 1024 tokens
     assert chunked.step_time_s > base.step_time_s
+
+
+
+# The out-of-sample set (2 x H200, 2026-11-30, `python bench/planner_accuracy.py`; docs/PLANNER.md):
+# measured step s, peak GiB, tokens/s per GPU. A guard on the accuracy reached, not a claim beyond it.
+OUT_OF_SAMPLE = {
+    "7b-lora-s4096-1gpu": (1.307, 36.9, 12532),
+    "7b-lora-s8192-selective-1gpu": (3.083, 49.5, 10627),
+    "7b-lora-s2048-mb2-gbs8-1gpu": (1.302, 36.9, 12586),
+    "3b-lora-s8192-1gpu": (2.050, 38.6, 15988),
+    "3b-full-s4096-selective-1gpu": (1.494, 64.3, 10963),
+    "7b-full-s4096-full-fsdp2": (1.232, 66.6, 6651),
+    "8b-lora-s8192-fsdp2": (1.501, 68.3, 10915),
+    "8b-lora-s8192-tp2sp": (3.188, 44.5, 5140),
+    "8b-lora-s8192-cp2-full": (2.510, 16.6, 6529),
+    "7b-lora-s4096-pp2-gpipe-gbs8": (1.446, 108.7, 11327),
+    "7b-lora-s4096-mb2-ddp": (1.250, 60.6, 13105),
+    "1b-full-s2048-mb4-ddp": (0.438, 40.9, 37370),
+}
+
+
+def test_out_of_sample_accuracy_does_not_regress():
+    import statistics
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from planner_accuracy import CASES, SHAPES, spearman
+    from trainperf.specs import resolve_layout
+
+    step_err, mem_err, measured_tps, predicted_tps = [], [], [], []
+    for name, gpus, shape, extra in CASES:
+        step, peak, tps = OUT_OF_SAMPLE[name]
+        spec = resolve_spec(synthetic_lora_defaults(), None, ["hardware.device=cuda", *SHAPES[shape], *extra])
+        resolve_layout(spec, gpus)
+        est = estimate(spec, PRESETS["h200"], 8)
+        step_err.append(abs(est.step_time_s / step - 1))
+        mem_err.append(abs(est.allocated_gib / peak - 1))
+        measured_tps.append(tps)
+        predicted_tps.append(est.tokens_per_s_per_gpu)
+        assert est.fits, f"{name} ran on an H200 but is predicted not to fit"
+    assert statistics.median(step_err) < 0.11 and max(step_err) < 0.36
+    assert statistics.median(mem_err) < 0.035 and max(mem_err) < 0.15
+    assert spearman(measured_tps, predicted_tps) >= 0.9
