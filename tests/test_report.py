@@ -64,3 +64,24 @@ def test_html_report_is_self_contained(tmp_path):
     out = subprocess.run(trainperf_cmd("report", "--db", str(tmp_path / "t.db"), "--html", str(tmp_path / "r.html")),
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and (tmp_path / "r.html").stat().st_size > 10_000
+
+
+def test_trace_breakdown_of_traced_runs_is_plotted(tmp_path):
+    """A run with RUN_DIR/trace_summary.json gets a compute / exposed comm / idle bar in the report."""
+    import json
+
+    from trainperf.report.html import trace_breakdowns
+
+    store = Store(tmp_path / "t.db")
+    fill(store, tmp_path)
+    run_dir = tmp_path / "traced"
+    run_dir.mkdir()
+    (run_dir / "trace_summary.json").write_text(json.dumps({"totals": {
+        "step_s": 0.1, "compute_s": 0.06, "comm_s": 0.03, "exposed_comm_s": 0.01, "idle_s": 0.03, "overlap_pct": 66.7}}))
+    store.create_run("traced", "w", {"x": 1}, "dp_shard=2", 2, "open", False, 0.9, str(run_dir))
+    store.finish_run("traced", status="failed", step_time_s=0.1)
+    runs = store.list_runs()
+    (t,) = trace_breakdowns(runs)
+    assert t["compute_s"] + t["exposed_comm_s"] + t["idle_s"] == pytest.approx(t["step_s"])
+    page = render(runs, {r["run_id"]: store.steps(r["run_id"]) for r in runs})
+    assert "Step-time breakdown" in page and len(re.findall(r"<img ", page)) == 3

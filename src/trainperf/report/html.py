@@ -133,6 +133,43 @@ def plots(runs: list[dict], steps_by_run: dict[str, list[dict]], scaling: list[d
         ax.legend(fontsize=7)
         out.append(("Loss curves", _png(fig)))
         plt.close(fig)
+    traced = trace_breakdowns(runs)
+    if traced:
+        fig, ax = plt.subplots(figsize=(11, 0.6 * len(traced) + 1.5))
+        labels = [f"{t['workload']} {t['layout']} ({t['run_id'][-6:]}, {t['overlap_pct']:.0f}% of comm overlapped)"
+                  for t in traced]
+        left = [0.0] * len(traced)
+        # compute + exposed communication + idle = the step (overlapped communication hides under compute)
+        for key, label, color in (("compute_s", "compute", "tab:blue"), ("exposed_comm_s", "communication, exposed", "tab:red"),
+                                  ("idle_s", "idle", "lightgrey")):
+            widths = [1e3 * t[key] for t in traced]
+            ax.barh(labels, widths, left=left, label=label, color=color)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_xlabel("ms per step (mean over ranks, from `trainperf trace`)")
+        ax.set_title("Where the step time goes")
+        ax.legend(fontsize=7, loc="lower right")
+        out.append(("Step-time breakdown", _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def trace_breakdowns(runs: list[dict]) -> list[dict]:
+    """The per-step compute / communication / idle totals of every stored run that `trainperf trace`
+    analysed (RUN_DIR/trace_summary.json)."""
+    import json
+
+    out = []
+    for r in runs:
+        path = os.path.join(r.get("out_dir") or "", "trace_summary.json")
+        if not r.get("out_dir") or not os.path.isfile(path):
+            continue
+        try:
+            tot = json.load(open(path))["totals"]
+        except (ValueError, KeyError, OSError):
+            continue
+        out.append({"run_id": r["run_id"], "workload": r["workload"], "layout": r.get("layout") or "",
+                    "compute_s": tot["compute_s"], "exposed_comm_s": tot["exposed_comm_s"], "idle_s": tot["idle_s"],
+                    "step_s": tot["step_s"], "overlap_pct": tot.get("overlap_pct") or 0.0})
     return out
 
 
