@@ -123,41 +123,29 @@ def dataset_format(path: str) -> str:
                     "GovReport train*/validation*.parquet or train.npy/validation.npy, or a pretok dir (meta.json)")
 
 
-def inspect_any(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
+def _reader(path: str):
+    """(inspect, verify, load) of the format the dir holds; load takes (path, split, seq_len)."""
     fmt = dataset_format(path)
     if fmt == "pretok":
-        from trainperf.data.pretok import inspect_pretok
+        from trainperf.data import pretok
 
-        return inspect_pretok(path, seq_len, vocab_size)
+        return pretok.inspect_pretok, pretok.verify_pretok_tokens, pretok.PackedTokenSplit
     if fmt.startswith("govreport"):
-        from trainperf.data.govreport import inspect_govreport
+        from trainperf.data import govreport
 
-        return inspect_govreport(path, seq_len, vocab_size)
-    return inspect_dataset(path, seq_len, vocab_size)
+        return (govreport.inspect_govreport, govreport.verify_govreport_tokens,
+                lambda p, split, seq_len: govreport.load_govreport(p, split))
+    return inspect_dataset, verify_token_range, lambda p, split, seq_len: load_split(p, split)
+
+
+def inspect_any(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
+    return _reader(path)[0](path, seq_len, vocab_size)
 
 
 def verify_any(path: str, split: str, vocab_size: int) -> None:
-    fmt = dataset_format(path)
-    if fmt == "pretok":
-        from trainperf.data.pretok import verify_pretok_tokens
-
-        return verify_pretok_tokens(path, split, vocab_size)
-    if fmt.startswith("govreport"):
-        from trainperf.data.govreport import verify_govreport_tokens
-
-        return verify_govreport_tokens(path, split, vocab_size)
-    return verify_token_range(path, split, vocab_size)
+    _reader(path)[1](path, split, vocab_size)
 
 
 def load_any(path: str, split: str, seq_len: int):
     """A split object with len() and take(rows) (and limit(n)) in whichever format the dir holds."""
-    fmt = dataset_format(path)
-    if fmt == "pretok":
-        from trainperf.data.pretok import PackedTokenSplit
-
-        return PackedTokenSplit(path, split, seq_len)
-    if fmt.startswith("govreport"):
-        from trainperf.data.govreport import load_govreport
-
-        return load_govreport(path, split)
-    return load_split(path, split)
+    return _reader(path)[2](path, split, seq_len)

@@ -206,10 +206,10 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(f"received {signal.Signals(signum).name}")
 
 
-def _run_torchrun(cmd: list[str], env: dict) -> int:
-    """Run torchrun; on SIGTERM/SIGINT pass the signal on (torchrun forwards it to every rank, whose
-    handler records the failure), wait for the ranks to finish, then re-raise."""
-    proc = subprocess.Popen(cmd, env=env)
+def _run_torchrun(cmd: list[str], env: dict, stdout=None) -> int:
+    """Run torchrun (its output to ``stdout`` if given); on SIGTERM/SIGINT pass the signal on (torchrun
+    forwards it to every rank, whose handler records the failure), wait for the ranks, then re-raise."""
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return proc.wait()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from trainperf.launch.local import _run_torchrun
 from trainperf.preflight import checks
 from trainperf.specs import SpecError
 
@@ -138,7 +138,7 @@ def _launch(req: dict, nproc: int, run_dir: Path) -> dict:
            "-m", "trainperf.preflight.worker", str(run_dir)]
     log = run_dir / "workers.log"
     with open(log, "w") as fh:
-        rc = _run_torchrun_to(cmd, env, fh)
+        rc = _run_torchrun(cmd, env, stdout=fh)
     raw_file = run_dir / "raw.json"
     if rc != 0 or not raw_file.is_file():
         tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["(no output)"]
@@ -146,31 +146,6 @@ def _launch(req: dict, nproc: int, run_dir: Path) -> dict:
     raw = json.loads(raw_file.read_text())
     raw_file.unlink()
     return raw
-
-
-def _run_torchrun_to(cmd: list[str], env: dict, fh) -> int:
-    """torchrun with its output in the log; SIGTERM/SIGINT are passed on to the ranks."""
-    import signal
-
-    proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return proc.wait()
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _bad_input(msg: str, as_json: bool) -> int:

@@ -26,6 +26,10 @@ class MetricsServer:
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
 
     @property
+    def enabled(self) -> bool:
+        return self._server is not None
+
+    @property
     def port(self) -> int | None:
         return self._server.server_port if self._server else None
 

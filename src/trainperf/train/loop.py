@@ -361,9 +361,10 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         ctx.last_step = step
         if rank == 0:
             write_progress(ctx.out_dir, step)
-            metrics_server.update(step, step_times[-1], tokens_per_step / step_times[-1] / world,
-                                  metrics.mfu(flops_per_token, tokens_per_step / step_times[-1] / world, peak),
-                                  _peak_mem_gib(device_type))
+            if metrics_server.enabled:  # nothing computed per step for metrics nobody serves
+                tps_gpu = tokens_per_step / step_times[-1] / world
+                metrics_server.update(step, step_times[-1], tps_gpu, metrics.mfu(flops_per_token, tps_gpu, peak),
+                                      _peak_mem_gib(device_type))
 
         if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
             dist.all_reduce(loss_local)  # shares add up over dp, cp and pp; tp ranks hold copies
