@@ -178,16 +178,10 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
              f"#SBATCH --output={d / f'{stem}-%j.out'}",
              f"#SBATCH --error={d / f'{stem}-%j.err'}",
              f"#SBATCH --chdir={workdir}"]
-    if cfg.partition:
-        lines.append(f"#SBATCH --partition={cfg.partition}")
-    if cfg.account:
-        lines.append(f"#SBATCH --account={cfg.account}")
-    if cfg.time:
-        lines.append(f"#SBATCH --time={cfg.time}")
-    if cfg.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={cfg.gpus_per_node}")
-    if cfg.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cfg.cpus_per_task}")
+    for flag, value in (("partition", cfg.partition), ("account", cfg.account), ("time", cfg.time),
+                        ("gpus-per-node", cfg.gpus_per_node), ("cpus-per-task", cfg.cpus_per_task)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
     if cfg.exclusive:
         lines.append("#SBATCH --exclusive")
     for extra in cfg.extra_sbatch:
