@@ -61,11 +61,17 @@ MEASURED = {
 }
 
 
+# The TP2+SP constants were refitted jointly with the 12 TP layouts of the 1B host-bound grid
+# (bench/data/grid_1b_lora_2xh200.json): one pair of constants cannot hold both, and this run is now
+# reproduced within 25% (docs/PLANNER.md says so); the others keep 8%.
+TOLERANCE = {"tp_sp": 0.25}
+
+
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_reproduces_the_measured_h200_layouts(name):
     gpus, overrides, tps, mem = MEASURED[name]
     est = estimate(spec_for(*overrides, "hardware.frozen_dtype=fp32"), PRESETS["h200"], 8)
-    assert abs(est.tokens_per_s_per_gpu / tps - 1) < 0.08
+    assert abs(est.tokens_per_s_per_gpu / tps - 1) < TOLERANCE.get(name, 0.08)
     assert abs(est.allocated_gib / mem - 1) < 0.04
 
 
@@ -175,7 +181,10 @@ def test_layout_from_plan_runs_the_planned_layout(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)
-    assert summary["world_size"] == 2 and "dp_shard=2" in summary["layout"]
+    planned_layout = dict(kv.split("=") for kv in best["set"].replace("--set ", "").split())
+    assert summary["world_size"] == 2
+    for key in ("pp", "dp_shard", "dp_replicate", "tp", "cp"):  # the run used the planned layout
+        assert f"{key}={planned_layout['parallel.' + key]}" in summary["layout"], (best["set"], summary["layout"])
     wrong = subprocess.run(trainperf_cmd("run", "mini-lora", "--layout-from-plan", best["id"], *db), cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "planned for 'mini-pretrain'" in wrong.stderr
@@ -185,27 +194,31 @@ def test_layout_from_plan_runs_the_planned_layout(tmp_path):
 
 
 def test_calibration_recovers_the_elementwise_factor(tmp_path):
-    """Runs whose step times were produced with a known factor: the closed-form fit finds it again."""
+    """Runs whose step times were produced with known factors (GPU-side elementwise work, and a host
+    1.5x slower than the preset's): the least-squares fit finds both again."""
     import dataclasses
 
-    from trainperf.plan.calibrate import calibrate, write_gpu_yaml
+    from trainperf.plan.calibrate import calibrate, with_host_scale, write_gpu_yaml
     from trainperf.store.db import Store
 
-    truth = dataclasses.replace(PRESETS["h200"], other_s_per_token_layer_h=4.0e-10)
+    truth = with_host_scale(dataclasses.replace(PRESETS["h200"], other_s_per_token_layer_h=4.0e-10), 1.5)
+    small = ["model.hidden_size=1024", "model.intermediate_size=2816", "model.num_layers=16", "model.num_heads=8",
+             "model.num_kv_heads=8", "data.seq_len=2048"]  # host-bound: pins the host scale
     store = Store(tmp_path / "t.db")
     for i, extra in enumerate((["parallel.dp_shard=1"], ["parallel.dp_shard=1", "train.recompute=full"],
-                               ["parallel.dp_shard=1", "data.seq_len=4096"])):
+                               ["parallel.dp_shard=1", "data.seq_len=4096"], ["parallel.dp_shard=1", *small])):
         spec = spec_for(*extra)
         est = estimate(spec, truth, 1)
         store.create_run(f"r{i}", spec.workload, spec.to_dict(), "x", 1, "open", False, 0.0, str(tmp_path))
         store.update_run_info(f"r{i}", hardware_json=json.dumps({"device": "cuda", "gpu": "NVIDIA H200", "gpus": 1}))
         store.finish_run(f"r{i}", status="failed", step_time_s=est.step_time_s, peak_mem_gib=est.allocated_gib)
     fitted, report = calibrate(store, "h200")
-    assert fitted.other_s_per_token_layer_h == pytest.approx(4.0e-10, rel=1e-6)
+    assert fitted.other_s_per_token_layer_h == pytest.approx(4.0e-10, rel=1e-3)
+    assert fitted.host_s_per_layer == pytest.approx(1.5 * PRESETS["h200"].host_s_per_layer, rel=1e-3)
     assert all(abs(r["step_error"]) < 1e-6 for r in report if r["which"] == "calibrated")
     assert any(abs(r["step_error"]) > 0.05 for r in report if r["which"] == "preset")
     write_gpu_yaml(fitted, str(tmp_path / "gpu.yaml"), "h200")
-    assert load_gpu(str(tmp_path / "gpu.yaml")).other_s_per_token_layer_h == pytest.approx(4.0e-10)
+    assert load_gpu(str(tmp_path / "gpu.yaml")).other_s_per_token_layer_h == pytest.approx(4.0e-10, rel=1e-3)
     with pytest.raises(SpecError, match="no measured GPU runs"):
         calibrate(store, "b200")
 
@@ -321,6 +334,96 @@ def test_out_of_sample_accuracy_does_not_regress():
         measured_tps.append(tps)
         predicted_tps.append(est.tokens_per_s_per_gpu)
         assert est.fits, f"{name} ran on an H200 but is predicted not to fit"
-    assert statistics.median(step_err) < 0.11 and max(step_err) < 0.36
+    assert statistics.median(step_err) < 0.075 and max(step_err) < 0.17
     assert statistics.median(mem_err) < 0.035 and max(mem_err) < 0.15
-    assert spearman(measured_tps, predicted_tps) >= 0.9
+    assert spearman(measured_tps, predicted_tps) >= 0.95
+
+
+# ---------------------------------------------------------------------------------------------
+# The host-bound regime: every layout `plan` enumerates for a 1B-shape LoRA (llama2_70b_lora recipe,
+# open, seq 4096, GBS 2) on 2 x H200, measured one by one (`python bench/tune_vs_grid.py grid`,
+# 2026-11-30). MFU 3-19%: the host, not the GPU, sets the step time. The host constants are fitted to
+# these layouts, so this is an in-sample guard, not an accuracy claim.
+
+def _grid():
+    import re
+    from pathlib import Path
+
+    from trainperf.specs import resolve_layout
+    from trainperf.workloads import get_workload
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    import sys
+
+    sys.path.insert(0, str(bench))
+    from tune_vs_grid import DEFAULT_ID, PROBLEM, WORKLOAD
+
+    grid = json.loads((bench / "data" / "grid_1b_lora_2xh200.json").read_text())["grid"]
+    rows = []
+    for key, v in grid.items():
+        if key == DEFAULT_ID:
+            continue
+        spec = resolve_spec(get_workload(WORKLOAD).defaults(), None,
+                            ["hardware.device=cuda", *PROBLEM, *re.findall(r"--set (\S+)", key)])
+        resolve_layout(spec, 2)
+        rows.append((key, spec, v))
+    return grid, rows
+
+
+def test_host_bound_grid_is_reproduced():
+    import statistics
+
+    from scipy.stats import spearmanr
+
+    _, rows = _grid()
+    assert len(rows) == 33
+    pred = [estimate(spec, PRESETS["h200"], 2).step_time_s for _, spec, _ in rows]
+    meas = [v["step_time_s"] for _, _, v in rows]
+    err = [abs(p / m - 1) for p, m in zip(pred, meas)]
+    assert statistics.median(err) < 0.08
+    assert spearmanr(pred, meas).statistic > 0.9
+    # without the host term the same layouts were predicted 1.1-7.6x too fast
+    assert all(estimate(spec, PRESETS["h200"], 2).time["host_wait"] > 0 for _, spec, _ in rows)
+
+
+def test_host_time_grows_with_what_adds_ops():
+    from trainperf.plan.costs import host_seconds_per_step
+
+    gpu = PRESETS["h200"]
+    plain = host_seconds_per_step(spec_for("lora.rank=0"), gpu, 1, 32)
+    lora = host_seconds_per_step(spec_for(), gpu, 1, 32)
+    sel = host_seconds_per_step(spec_for("train.recompute=selective"), gpu, 1, 32)
+    tp = host_seconds_per_step(spec_for("parallel.tp=2", "parallel.dp_shard=1"), gpu, 1, 32)
+    compiled = host_seconds_per_step(spec_for("train.compile=true"), gpu, 1, 32)
+    assert plain < lora < sel and lora < tp and compiled < lora
+    assert host_seconds_per_step(spec_for(), gpu, 4, 32) == pytest.approx(4 * lora)
+    # a GPU-bound step (7B, seq 8192) hardly notices its host time; the k-norm never undercuts the max
+    est = estimate(spec_for("parallel.dp_shard=1"), gpu, 8)
+    assert 0 < est.time["host_wait"] < 0.05 * est.step_time_s
+
+
+def test_tune_replayed_on_the_grid_finds_its_best_cheaply():
+    """`trainperf tune`'s search replayed on the measured grid (each trial answers with the layout's
+    measured step time and wall time, less the steps it does not run): it must land within 3% of the
+    grid's best for at most a quarter of the grid's trial time, and beat the default layout by 1.2x.
+    In-sample (the planner's host constants come from this grid): the GPU run is the claim."""
+    from trainperf.launch.tune import Trial, successive_halving
+
+    grid, rows = _grid()
+    from tune_vs_grid import PROBLEM, planned  # bench/, put on the path by _grid
+
+    fits = planned(2, PROBLEM)
+    spent = []
+
+    def replay(workload, gpus, cand, steps, db, out, extra, left):
+        m = grid[cand.set_line]
+        spent.append(m["wall_s"] - (10 - steps) * m["step_time_s"])
+        return Trial(cand, steps, step_time_s=m["step_time_s"])
+
+    res = successive_halving("llama2_70b_lora", 2, fits[:8], "db", "out", [], 3600, first_steps=4,
+                             echo=lambda s: None, run=replay)
+    best = min(v["step_time_s"] for _, _, v in rows)
+    won = grid[res.winner.set_line]["step_time_s"]
+    assert won <= 1.03 * best
+    assert sum(spent) <= 0.25 * sum(v["wall_s"] for _, _, v in rows)
+    assert grid["default"]["step_time_s"] / won >= 1.2

@@ -12,6 +12,7 @@ def test_tune_keeps_the_measured_fastest(tmp_path):
     out = subprocess.run(
         trainperf_cmd("tune", "mini-pretrain", "--gpus", "1", "--top", "4", "--steps", "3", "--budget-minutes", "5",
                       "--abandon-factor", "0",  # CPU: H200 predictions say nothing here, try every layout
+                      "--keep-within", "0",  # plain successive halving: the faster half goes on
                       "--set", "hardware.device=cpu", "--json", "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")),
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -51,3 +52,34 @@ def test_recalibrated_planner_abandons_clearly_slower_layouts():
     res_all = successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None,
                                  run=fake_run, abandon_factor=0)
     assert all(t.step_time_s for t in res_all.trials)  # 0: every layout is tried
+
+
+def test_later_rounds_only_remeasure_close_contenders():
+    """A layout clearly ahead after round 1 wins without a second round; close ones are re-measured
+    with twice the steps; keep_within=0 is plain successive halving (the faster half goes on)."""
+    from types import SimpleNamespace
+
+    from trainperf.launch.tune import Trial, successive_halving
+
+    cands = [SimpleNamespace(id=f"P{i}", est=SimpleNamespace(step_time_s=1.0), set_line="") for i in range(4)]
+
+    def runner(actual):
+        ran = []
+
+        def fake_run(workload, gpus, c, steps, db, out, extra, left):
+            ran.append((c.id, steps))
+            return Trial(c, steps, step_time_s=actual[c.id])
+        return ran, fake_run
+
+    ran, fake = runner({"P0": 1.00, "P1": 1.10, "P2": 1.12, "P3": 1.15})
+    res = successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None, run=fake)
+    assert res.winner.id == "P0" and ran == [("P0", 3), ("P1", 3), ("P2", 3), ("P3", 3)]
+
+    ran, fake = runner({"P0": 1.00, "P1": 1.02, "P2": 1.12, "P3": 1.15})
+    res = successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None, run=fake)
+    assert ran[4:] == [("P0", 6), ("P1", 6)]
+
+    ran, fake = runner({"P0": 1.00, "P1": 1.10, "P2": 1.12, "P3": 1.15})
+    successive_halving("w", 1, cands, "db", "out", [], 3600, first_steps=3, echo=lambda s: None, run=fake,
+                       keep_within=0)
+    assert ran[4:] == [("P0", 6), ("P1", 6)]  # the faster half, though P1 is 10% behind

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--abandon-factor", type=float, default=1.25,
                    help="skip a layout whose planner prediction, recalibrated on the trials so far, exceeds this "
                         "many times the best measured step (0: try every layout; default 1.25)")
+    p.add_argument("--keep-within", type=float, default=0.03,
+                   help="a later round re-measures only layouts within this fraction of the round's best "
+                        "(0: the faster half, as plain successive halving; default 0.03)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
     _common(p)
@@ -312,9 +315,11 @@ def cmd_tune(args) -> int:
         return _bad_input(str(exc), args.json)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
     res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
-                             args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor)
+                             args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor,
+                             keep_within=args.keep_within)
     trials = [{"id": t.candidate.id, "set": t.candidate.set_line, "steps": t.steps, "step_time_s": t.step_time_s,
-               "planned_step_time_s": t.candidate.est.step_time_s, "run_id": t.run_id, "error": t.error}
+               "planned_step_time_s": t.candidate.est.step_time_s, "run_id": t.run_id, "error": t.error,
+               "wall_s": round(t.wall_s, 2)}
               for t in res.trials]
     command = (f"trainperf run {args.workload} --nproc-per-node {args.gpus} {res.winner.set_line} "
                + " ".join(f"--set {o}" for o in args.overrides)).strip() if res.winner else None

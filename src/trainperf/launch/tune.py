@@ -1,8 +1,9 @@
 """`trainperf tune`: short measured trials of the planner's best layouts, by successive halving.
 
 Round 1 runs every candidate for a few steps; each later round keeps the faster half (by measured
-median step time, the first step excluded) and runs it for twice as many steps, until one is left or
-the time budget is spent. After every finished trial the planner is recalibrated to this machine (the
+median step time, the first step excluded) -- and of that half only the layouts within ``keep_within``
+of the round's best, since one clearly ahead needs no longer trial to be believed -- and runs them for
+twice as many steps, until one is left or the time budget is spent. After every finished trial the planner is recalibrated to this machine (the
 median measured/predicted step-time ratio so far), and a candidate whose recalibrated prediction is
 more than ``abandon_factor`` times the best measured step is not tried at all. Every trial is a real `trainperf run` in its own process tree, stored like
 any run, so an OOM, a crash or a layout the machine cannot run is recorded with its reason and the
@@ -27,6 +28,8 @@ class Trial:
     step_time_s: float | None = None
     run_id: str | None = None
     error: str | None = None
+    wall_s: float = 0.0  # the trial's whole process tree: start-up, warm-up and steps
+    summary: dict = field(default_factory=dict)  # the run's --json summary (peak memory, prediction, ...)
 
 
 @dataclass
@@ -36,21 +39,30 @@ class TuneResult:
     elapsed_s: float = 0.0
 
 
+def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, out: str, extra: list[str]) -> list[str]:
+    """A trial is a plain `trainperf run` of a few steps, no eval; the user's overrides come last."""
+    return [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json",
+            "--db", db, "--out", out, "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
+            "--set", "eval.every_samples=1000000000", *set_line.split(), *[x for s in extra for x in ("--set", s)]]
+
+
 def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, out: str, extra: list[str],
               timeout_s: float) -> Trial:
-    cmd = [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json",
-           "--db", db, "--out", out, "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
-           "--set", "eval.every_samples=1000000000", *cand.set_line.split(), *[x for s in extra for x in ("--set", s)]]
+    cmd = trial_command(workload, gpus, cand.set_line, steps, db, out, extra)
     trial = Trial(cand, steps)
+    t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1))
     except subprocess.TimeoutExpired:
         trial.error = f"timed out after {timeout_s:.0f} s"
+        trial.wall_s = time.perf_counter() - t0
         return trial
+    trial.wall_s = time.perf_counter() - t0
     try:
         summary = json.loads(proc.stdout)
     except json.JSONDecodeError:
         summary = {}
+    trial.summary = summary if isinstance(summary, dict) else {}
     trial.run_id = summary.get("run_id")
     if summary.get("step_time_s"):  # a throughput trial ends 'failed' (no target): its steps still count
         trial.step_time_s = summary["step_time_s"]
@@ -69,7 +81,7 @@ def recalibrated(cand: Candidate, ratios: list[float]) -> float:
 
 def successive_halving(workload: str, gpus: int, candidates: list[Candidate], db: str, out: str, extra: list[str],
                        budget_s: float, first_steps: int = 4, echo=print, abandon_factor: float = 1.25,
-                       run=run_trial) -> TuneResult:
+                       keep_within: float = 0.03, run=run_trial) -> TuneResult:
     result = TuneResult()
     t0 = time.perf_counter()
     alive, steps = list(candidates), first_steps
@@ -99,7 +111,10 @@ def successive_halving(workload: str, gpus: int, candidates: list[Candidate], db
             break
         measured.sort(key=lambda tr: tr.step_time_s)
         result.winner = measured[0].candidate
-        alive, steps = [tr.candidate for tr in measured[: max(1, len(measured) // 2)]], steps * 2
+        round_best = measured[0].step_time_s
+        close = [tr for tr in measured[: max(1, len(measured) // 2)]
+                 if not keep_within or tr.step_time_s <= round_best * (1 + keep_within)]
+        alive, steps = [tr.candidate for tr in close], steps * 2
         if len(alive) == 1 or time.perf_counter() - t0 >= budget_s:
             break  # one left (it is the winner) or no time for another round
     result.elapsed_s = time.perf_counter() - t0

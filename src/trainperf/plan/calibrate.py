@@ -1,9 +1,11 @@
-"""Fit the planner's free efficiency factor to runs measured on this cluster.
+"""Fit the planner's free factors to runs measured on this cluster.
 
-The GEMM and attention efficiencies come from micro-benchmarks; what is left -- eager non-GEMM work
-per token per layer (``other_s_per_token_layer_h``) -- enters the step time linearly, so it has a
-closed-form least-squares fit over the stored GPU runs: step = A + k*B, where B is the
-elementwise time at k = 1. The result is written as a GPU YAML file for ``plan --gpu FILE``.
+The GEMM and attention efficiencies come from micro-benchmarks; what is left is fitted over the
+stored GPU runs by least squares on the relative step-time error (scipy): the eager non-GEMM work per
+token per layer (``other_s_per_token_layer_h``, the GPU side) and one scale on every host-time
+constant (``host_s_*``: how fast this cluster's CPUs issue ops, which differs between machines). A
+GPU-bound set of runs leaves the host scale where it was (it has no gradient there). The result is
+written as a GPU YAML file for ``plan --gpu FILE``.
 """
 
 from __future__ import annotations
@@ -35,15 +37,17 @@ def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
     base = preset_for_device(runs[0][1]["gpu"])
     if base is None:
         raise SpecError(f"no preset for {runs[0][1]['gpu']!r} to calibrate")
-    unit = dataclasses.replace(base, other_s_per_token_layer_h=1e-10)
-    zero = dataclasses.replace(base, other_s_per_token_layer_h=0.0)
-    num = den = 0.0
-    for spec, hw, step, _ in runs:
-        per_node = hw.get("gpus", 1)
-        a = estimate(spec, zero, per_node).step_time_s
-        b = (estimate(spec, unit, per_node).step_time_s - a) / 1e-10
-        num, den = num + b * (step - a), den + b * b
-    fitted = dataclasses.replace(base, other_s_per_token_layer_h=max(num / den, 0.0) if den else base.other_s_per_token_layer_h)
+    from scipy.optimize import least_squares
+
+    def gpu_with(x) -> GPU:
+        return with_host_scale(dataclasses.replace(base, other_s_per_token_layer_h=x[0] * 1e-10), x[1])
+
+    def residuals(x):
+        return [estimate(spec, gpu_with(x), hw.get("gpus", 1)).step_time_s / step - 1 for spec, hw, step, _ in runs]
+
+    x0 = [base.other_s_per_token_layer_h / 1e-10, 1.0]
+    fit = least_squares(residuals, x0, bounds=([0.0, 0.05], [1e3, 20.0]), x_scale=[1.0, 1.0])
+    fitted = gpu_with([float(v) for v in fit.x])
     report = []
     for spec, hw, step, peak in runs:
         for label, gpu in (("preset", base), ("calibrated", fitted)):
@@ -53,6 +57,12 @@ def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
                            "measured_peak_gib": peak, "predicted_peak_gib": est.allocated_gib,
                            "peak_error": (est.allocated_gib / peak - 1) if peak else None})
     return fitted, report
+
+
+def with_host_scale(gpu: GPU, scale: float) -> GPU:
+    """The GPU with every host-time constant (seconds, not the dimensionless factors) scaled."""
+    return dataclasses.replace(gpu, **{f.name: float(getattr(gpu, f.name) * scale) for f in dataclasses.fields(gpu)
+                                       if f.name.startswith("host_") and "_s_per_" in f.name})
 
 
 def summary(report: list[dict], which: str) -> dict:

@@ -195,6 +195,12 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
     t_opt = 16.0 * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)  # AdamW: memory-bound over local shards
     est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
+    # ---- the host: a step cannot be shorter than the time to issue its ops; when it is longer than
+    # the GPU's work, the GPU idles for the difference (the trace shows it as idle time)
+    t_host = host_seconds_per_step(spec, gpu, mb, L_rank)
+    t_gpu = sum(est.time.values())
+    k = gpu.host_gpu_overlap_k
+    est.time["host_wait"] = (t_gpu ** k + t_host ** k) ** (1.0 / k) - t_gpu if t_host > 0 else 0.0
     est.step_time_s = sum(est.time.values())
     # eval: the forward alone -- a third of the GEMMs of full training (half of LoRA's), a third of
     # attention and of the elementwise work -- per sequence, pipeline stages in sequence
@@ -207,6 +213,22 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     est.mfu = flops_tok * est.tokens_per_s_per_gpu / peak
     est.fits = est.reserved_gib <= gpu.hbm_gib
     return est
+
+
+def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_per_rank: float) -> float:
+    """CPU time to issue one step's layer executions (micro-batches x layers on this rank)."""
+    lo, tr, p = spec.lora, spec.train, spec.parallel
+    per_layer = gpu.host_s_per_layer + (gpu.host_s_per_lora_target * len(lo.target_modules) if lo.enabled else 0.0)
+    per_layer += {"selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
+    if p.dp_shard * p.cp > 1:  # FSDP2 wraps every layer (pre/post forward and backward hooks)
+        per_layer += gpu.host_fsdp_s_per_layer
+    if p.cp > 1:
+        per_layer += gpu.host_cp_s_per_layer
+    if p.tp > 1:
+        per_layer *= gpu.host_tp_factor
+    if tr.compile:
+        per_layer *= gpu.host_compile_factor
+    return micro_batches * layers_per_rank * per_layer
 
 
 def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:

@@ -30,9 +30,10 @@ class GPU:
     # Eager non-GEMM work (norms, RoPE, SiLU, casts, dropout, residuals), seconds per token per layer
     # per unit of hidden size; fitted to the 7B-shape LoRA step on one H200 (0.708 s at seq 8192).
     other_s_per_token_layer_h: float = 2.34e-10
-    # Eager DTensor tensor parallel: extra seconds per layer per 8192-token micro-batch beyond its
-    # collectives (dispatch, redistributes); fitted to the TP2+SP run on 2 x H200.
-    tp_overhead_s_per_layer: float = 0.021
+    # Eager DTensor tensor parallel: extra GPU-side seconds per layer per 8192-token micro-batch beyond
+    # its ideal collectives (the trace shows extra full-activation all-reduces from the LoRA path, and
+    # waits); fitted with host_tp_factor below.
+    tp_overhead_s_per_layer: float = 0.015
     # Ring attention (context parallel) runs its chunked kernels this much slower than one
     # whole-sequence kernel; fitted to the CP2 run on 2 x H200.
     cp_attn_slowdown: float = 2.3
@@ -40,6 +41,27 @@ class GPU:
     # train.compile (per-layer torch.compile) fuses the eager non-GEMM work: the fraction of it that
     # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled).
     compile_other_factor: float = 0.33
+    # Host (CPU) time of eager PyTorch: every op is issued from Python, so a layer whose kernels are
+    # short (small hidden size, short sequence) leaves the GPU waiting on the host. Seconds per layer
+    # execution (one micro-batch through one layer, forward + backward): a plain layer, each LoRA
+    # target, and what FSDP2's per-layer hooks, ring attention's chunked kernels, selective
+    # recompute's per-op Python policy and full recompute's second forward add. Fitted to 17 layouts
+    # of a 1B-shape LoRA on 2 x H200 (GBS 2, seq 4096: MFU 3-19%, host-bound), docs/PLANNER.md.
+    host_s_per_layer: float = 5.0e-3
+    host_s_per_lora_target: float = 0.5e-3
+    host_fsdp_s_per_layer: float = 1.8e-3
+    host_cp_s_per_layer: float = 5.0e-3
+    host_selective_s_per_layer: float = 9.8e-3
+    host_full_s_per_layer: float = 5.0e-3
+    # eager DTensor tensor parallel: every op dispatches through DTensor (sharding propagation,
+    # redistributes), multiplying the host time of a layer; fitted with tp_overhead_s_per_layer to the
+    # 12 TP layouts of that grid and the 7B TP2+SP run (with or without SP alike)
+    host_tp_factor: float = 2.2
+    # GPU and host work overlap imperfectly near balance (sync points: loss/grad-norm reads, the
+    # optimizer step); the step is the k-norm of the two, k -> infinity being the plain max. Fitted with
+    # the host constants above.
+    host_gpu_overlap_k: float = 6.0
+    host_compile_factor: float = 0.3  # assumed: compiled layers launch a few fused kernels (not fitted)
 
 
 PRESETS: dict[str, GPU] = {
