@@ -456,3 +456,51 @@ def test_chunked_loss_run_matches_unchunked_run(tmp_path):
             losses.append([r[0] for r in c.execute("SELECT loss FROM steps WHERE run_id=? ORDER BY step", (s["run_id"],))])
     assert len(losses[0]) == 4
     assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5
+
+
+def test_lagged_log_reads_device_values_one_step_late():
+    from trainperf.train.clock import LaggedLog
+
+    out = []
+    log = LaggedLog(out.append)
+    log.add({"step": 1, "loss": torch.tensor(2.0)})
+    log.lag()
+    assert out == []  # the newest record waits for the next step's work to be queued
+    log.add({"step": 2, "loss": torch.tensor(1.5)})
+    log.lag()
+    assert out == [{"step": 1, "loss": 2.0}] and isinstance(out[0]["loss"], float)
+    log.flush()
+    assert [r["step"] for r in out] == [1, 2]
+
+
+def test_step_clock_on_cpu_times_each_step():
+    import time as _time
+
+    from trainperf.train.clock import StepClock
+
+    clock = StepClock(cuda=False)
+    for pause in (0.02, 0.0, 0.04):
+        clock.start()
+        _time.sleep(pause)
+        clock.stop()
+    t = clock.times()
+    assert len(t) == 3 and clock.completed() == 3
+    assert t[0] >= 0.02 and t[2] >= 0.04 and t[1] < 0.02
+    assert clock.times(2) == t[:2]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_step_clock_on_gpu_reads_events_without_a_sync_per_step():
+    from trainperf.train.clock import StepClock
+
+    clock = StepClock(cuda=True)
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(3):
+        clock.start()
+        for _ in range(20):
+            a = a @ a / 64
+        clock.stop()
+    assert clock.completed() <= 3  # asked without waiting
+    t = clock.times()
+    assert len(t) == 3 and all(x > 0 for x in t)

@@ -33,6 +33,7 @@ from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interv
                              grad_accum_steps)
 from trainperf.trace.capture import profiler_for
 from trainperf.train import metrics
+from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
 from trainperf.train.mlperf_log import KEYS, RunLog
@@ -333,9 +334,20 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     gpu_name = hw.get("gpu") if spec.hardware.gpu == "auto" else spec.hardware.gpu
     peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
         metrics.peak_flops_for(gpu_name) if gpu_name else None)
-    step_times: list[float] = []
+    clock = StepClock(device_type == "cuda")  # no host sync per step: read at log points, see clock.py
     metrics_server = ctx.metrics = MetricsServer(t.metrics_port if rank == 0 else 0, t.metrics_host, ctx.run_id,
                                                  spec.workload)
+
+    def emit(rec: dict) -> None:
+        step_time = clock.times(rec["step"])[rec["step"] - 1]
+        loss_val = rec["loss"] / p.tp  # shares add up over dp, cp and pp; tp ranks hold copies
+        ctx.steps.append({"step": rec["step"], "samples": rec["samples"], "loss": loss_val, "lr": rec["lr"],
+                          "grad_norm": rec["grad_norm"], "step_time_s": step_time,
+                          "tokens_per_s": tokens_per_step / step_time})
+        log.event("train_loss", loss_val, samples_count=rec["samples"], lr=rec["lr"])
+        progress.update(rec["step"], f"loss {loss_val:.3f}")
+
+    step_log = LaggedLog(emit)
     status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
     evals_done = 0
     engine.train()
@@ -343,7 +355,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)  # a no-op unless train.profile_steps > 0
     for step in range(1, t.max_steps + 1):
         _test_stall(rank, step)
-        t_step = time.perf_counter()
+        clock.start()
         rows = sampler.global_batch(step - 1)
         ids, mask = train_split.take(rows)  # the step's global batch, in sampler order
         global_tokens = float(mask[:, 1:].sum())
@@ -354,30 +366,26 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         opt.zero_grad(set_to_none=True)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, t)
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - t_step)
+        clock.stop()
         samples = step * t.global_batch_size
-        ctx.last_step = step
+        ctx.last_step = clock.completed()  # for a hung run's record: finished on the GPU, not just queued
+        if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
+            dist.all_reduce(loss_local)  # queued on the GPU; read one step later
+            step_log.add({"step": step, "samples": samples, "loss": loss_local, "lr": lr_at(step - 1, t),
+                          "grad_norm": grad_norm})
+        step_log.lag()  # the previous step's values: ready, or about to be, while this step runs
         if rank == 0:
             write_progress(ctx.out_dir, step)
-            if metrics_server.enabled:  # nothing computed per step for metrics nobody serves
-                tps_gpu = tokens_per_step / step_times[-1] / world
-                metrics_server.update(step, step_times[-1], tps_gpu, metrics.mfu(flops_per_token, tps_gpu, peak),
+            if metrics_server.enabled and step > 1:  # the previous step, whose time is known without waiting
+                last = clock.times(step - 1)[-1]
+                tps_gpu = tokens_per_step / last / world
+                metrics_server.update(step - 1, last, tps_gpu, metrics.mfu(flops_per_token, tps_gpu, peak),
                                       _peak_mem_gib(device_type))
-
-        if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
-            dist.all_reduce(loss_local)  # shares add up over dp, cp and pp; tp ranks hold copies
-            loss_val, lr_used = float(loss_local) / p.tp, lr_at(step - 1, t)
-            ctx.steps.append({"step": step, "samples": samples, "loss": loss_val, "lr": lr_used,
-                              "grad_norm": float(grad_norm), "step_time_s": step_times[-1],
-                              "tokens_per_s": tokens_per_step / step_times[-1]})
-            log.event("train_loss", loss_val, samples_count=samples, lr=lr_used)
-            progress.update(step, f"loss {loss_val:.3f}")
 
         if samples % interval == 0:
             index = samples // interval
             if index > skip_evals:
+                step_log.flush()
                 epoch_num = samples / len(train_split)
                 log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
                 log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
@@ -398,6 +406,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                 log.start(KEYS.BLOCK_START, samples_count=samples, epoch_num=epoch_num)
         prof.step()  # ProfilerStep#k = loop step k+1, everything of the iteration
     prof.close()
+    step_log.flush()
+    step_times = clock.times()
     if status != "success":
         stop_time = time.perf_counter()
         reason = (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
