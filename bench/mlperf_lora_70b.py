@@ -21,20 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainperf.report.projection import eval_pass_seconds
+
 NVIDIA_8XH200_SAMPLES_PER_S = 2.47  # v4.1 h200_ngc24.09_nemo result_0.txt tracked_stats.throughput
-
-
-def eval_pass_seconds(mllog: str) -> list[float]:
-    starts, spans = {}, []
-    for line in Path(mllog).read_text().splitlines():
-        if ":::MLLOG" not in line:
-            continue
-        e = json.loads(line.split(":::MLLOG ", 1)[1])
-        if e["key"] == "eval_start":
-            starts[e["metadata"]["samples_count"]] = e["time_ms"]
-        elif e["key"] == "eval_stop":
-            spans.append((e["time_ms"] - starts[e["metadata"]["samples_count"]]) / 1000)
-    return spans
 
 
 def main() -> int:
@@ -61,7 +50,7 @@ def main() -> int:
     samples_per_s = gbs / s["step_time_s"]
     per_gpu = samples_per_s / s["world_size"]
     nvidia_per_gpu = NVIDIA_8XH200_SAMPLES_PER_S / 8
-    evals = eval_pass_seconds(s["mllog"])
+    evals, _ = eval_pass_seconds(s["mllog"])
     result = {"layout": s["layout"], "gpus": s["world_size"], "step_time_s": s["step_time_s"],
               "samples_per_s": samples_per_s, "samples_per_s_per_gpu": per_gpu, "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"],
               "mfu": s["mfu"], "peak_mem_gib": s["peak_mem_gib"], "eval_pass_s": evals,

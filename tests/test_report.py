@@ -85,3 +85,45 @@ def test_trace_breakdown_of_traced_runs_is_plotted(tmp_path):
     assert t["compute_s"] + t["exposed_comm_s"] + t["idle_s"] == pytest.approx(t["step_s"])
     page = render(runs, {r["run_id"]: store.steps(r["run_id"]) for r in runs})
     assert "Step-time breakdown" in page and len(re.findall(r"<img ", page)) == 3
+
+
+def test_projected_time_to_train_from_throughput_runs(tmp_path):
+    """Throughput runs (failed by design: random weights) of llama2_70b_lora projected with the RCP's
+    samples to converge at their GBS plus the recipe's evals -- measured eval pass where the run made
+    one, planned otherwise; labelled a projection in the page."""
+    import json
+    import math
+
+    from trainperf.report.projection import projected_scaling_rows
+    from trainperf.report.score import rcp_reference_samples
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads import get_workload
+
+    store = Store(tmp_path / "t.db")
+    mllog = tmp_path / "mllog.txt"
+    lines = [{"key": "eval_samples", "value": 173, "time_ms": 0, "metadata": {}},
+             {"key": "eval_start", "value": None, "time_ms": 1_000, "metadata": {"samples_count": 24}},
+             {"key": "eval_stop", "value": None, "time_ms": 101_000, "metadata": {"samples_count": 24}}]
+    mllog.write_text("".join(f":::MLLOG {json.dumps(e)}\n" for e in lines))
+    for run_id, gpus, step, log in (("two", 2, 24.55, str(mllog)), ("eight", 8, 7.0, None), ("eight-slow", 8, 9.0, None)):
+        spec = resolve_spec(get_workload("llama2_70b_lora").defaults(), None,
+                            ["mlperf.division=open", f"parallel.dp_shard={gpus}", "eval.every_samples=1000000000"])
+        store.create_run(run_id, "llama2_70b_lora", spec.to_dict(), f"dp_shard={gpus}", gpus, "open", False, 0.925,
+                         str(tmp_path))
+        store.update_run_info(run_id, hardware_json=json.dumps({"device": "cuda", "gpu": "NVIDIA H200", "gpus": gpus}))
+        store.finish_run(run_id, status="failed", step_time_s=step, mllog_path=log, mfu=0.4)
+    rows = {r["gpus"]: r for r in projected_scaling_rows(store.list_runs())}
+    assert set(rows) == {2, 8} and rows[8]["run_id"] == "eight"  # the faster of the two 8-GPU runs
+    samples, _ = rcp_reference_samples("llama2_70b_lora", 8)
+    evals = math.ceil(samples / 384) - 3  # every 384 samples after FLOOR(0.125 x 8 + 2) = 3 skipped
+    two = rows[2]
+    assert two["eval_source"] == "measured" and two["eval_s"] == pytest.approx(evals * 100.0)
+    assert two["projected_s"] == pytest.approx(samples / 8 * 24.55 + evals * 100.0)
+    assert rows[8]["eval_source"] == "planned" and rows[8]["eval_s"] > 0
+    assert rows[8]["speedup"] == pytest.approx(two["projected_s"] / rows[8]["projected_s"])
+    assert rows[8]["efficiency"] == pytest.approx(rows[8]["speedup"] / 4)
+    page = render(store.list_runs(), {})
+    assert "Projected time to train" in page and "not a time to train" in page
+    cli = subprocess.run(trainperf_cmd("report", "--db", str(tmp_path / "t.db")), capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "COLUMNS": "250"})
+    assert cli.returncode == 0 and "projected time to train" in cli.stdout, cli.stderr[-2000:]

@@ -11,6 +11,7 @@ import os
 import time
 from collections import defaultdict
 
+from trainperf.report.projection import projected_scaling_rows
 from trainperf.report.published import LLAMA2_70B_LORA, SOURCE
 
 
@@ -196,6 +197,23 @@ def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
           _f(100 * r["efficiency"], ".0f") + "%", _f(r["tokens_per_s_per_gpu"], ",.0f"),
           _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
         if scaling else "<p>No successful runs yet.</p>"))
+    projected = projected_scaling_rows(runs)
+    if projected:
+        parts.append("<h2>Projected time to train (throughput runs × the RCP's samples to converge)</h2>"
+                     "<p>A projection, not a time to train: measured samples/s of short runs, the MLPerf reference "
+                     "samples to converge at their GBS, plus the recipe's evals (measured eval pass, or planned)."
+                     "</p>" + _table(
+                         ["benchmark", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "samples/s",
+                          "reference samples", "evals (s)", "projected (min)", "speedup", "efficiency", "tokens/s/GPU",
+                          "MFU"],
+                         [[r["benchmark"], r["gpus"], _f(r.get("dp"), ""), _f(r.get("tp"), ""), _f(r.get("pp"), ""),
+                           _f(r.get("cp"), ""), "y" if r.get("sp") else "-", _f(r.get("gbs"), ""),
+                           _f(r.get("mbs"), ""), _f(r["samples_per_s"], ".3f"),
+                           f"{r['reference_samples']:.0f} ({html.escape(r['reference'])})",
+                           f"{r['eval_s']:.0f} ({r['eval_source']})", _f(r["projected_s"] / 60, ".1f"),
+                           _f(r["speedup"], ".2f"), _f(100 * r["efficiency"], ".0f") + "%",
+                           _f(r.get("tokens_per_s_per_gpu"), ",.0f"),
+                           _f(None if r.get("mfu") is None else 100 * r["mfu"], ".1f")] for r in projected]))
     if scores:
         parts.append("<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
             ["workload", "layout", "GPUs", "runs", "score", "RCP", "verdict"],

@@ -53,6 +53,29 @@ def print_table(runs: list[dict], console: Console | None = None) -> None:
             _fmt(r.get("step_time_s"), ".3f") + _vs(r.get("step_time_s"), r.get("predicted_step_time_s")), division,
         )
     console.print(table)
+    print_projection(runs, console)
     failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]
     for r in failed[:5]:
         console.print(f"[red]{r['run_id']}[/red]: {r['status_reason']}")
+
+
+def print_projection(runs: list[dict], console: Console) -> None:
+    """The projected scaling table (report/projection.py), when throughput runs of a benchmark exist."""
+    from trainperf.report.projection import projected_scaling_rows
+
+    rows = projected_scaling_rows(runs)
+    if not rows:
+        return
+    t = Table(title="projected time to train: throughput runs x the RCP's samples to converge (a projection, "
+                    "not a result)")
+    for col in ("benchmark", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "samples/s", "ref. samples",
+                "evals s", "projected min", "speedup", "efficiency", "MFU"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["benchmark"], str(r["gpus"]), _fmt(r.get("dp")), _fmt(r.get("tp")), _fmt(r.get("pp")),
+                  _fmt(r.get("cp")), "y" if r.get("sp") else "-", _fmt(r.get("gbs")), _fmt(r.get("mbs")),
+                  _fmt(r["samples_per_s"], ".3f"), f"{r['reference_samples']:.0f}",
+                  f"{r['eval_s']:.0f} ({r['eval_source']})", _fmt(r["projected_s"] / 60, ".1f"),
+                  _fmt(r["speedup"], ".2f"), _fmt(100 * r["efficiency"], ".0f") + "%",
+                  _fmt(None if r.get("mfu") is None else 100 * r["mfu"], ".1f"))
+    console.print(t)

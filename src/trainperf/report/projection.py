@@ -1,0 +1,122 @@
+"""Projected time to train from throughput runs: the scaling table a cluster report needs before (or
+instead of) full convergence runs.
+
+A throughput run (random weights, fabricated data, a few steps) measures samples/s; MLPerf's RCP
+checker knows how many samples the reference needs to converge at that global batch size. Projected
+time to train = reference samples ÷ measured samples/s + the evals the recipe runs on the way (each
+one the run's own measured eval pass when it made one, else the planner's estimate). It is a
+projection and is always labelled so -- never a time to train: only a run that reaches the target
+has one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def eval_pass_seconds(mllog: str | None) -> tuple[list[float], int | None]:
+    """(seconds of every eval pass, validation rows per pass) read from an MLPerf log."""
+    if not mllog or not Path(mllog).is_file():
+        return [], None
+    starts, spans, rows = {}, [], None
+    for line in Path(mllog).read_text().splitlines():
+        if ":::MLLOG" not in line:
+            continue
+        e = json.loads(line.split(":::MLLOG ", 1)[1])
+        if e["key"] == "eval_samples":
+            rows = int(e["value"])
+        elif e["key"] == "eval_start":
+            starts[e["metadata"]["samples_count"]] = e["time_ms"]
+        elif e["key"] == "eval_stop" and e["metadata"]["samples_count"] in starts:
+            spans.append((e["time_ms"] - starts[e["metadata"]["samples_count"]]) / 1000)
+    return spans, rows
+
+
+def _recipe_for(spec):
+    """The benchmark's own recipe (eval schedule, validation rows) at the run's GBS and layout."""
+    import copy
+
+    from trainperf.workloads import WORKLOADS
+    from trainperf.workloads.mlperf import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
+
+    w = WORKLOADS.get(spec.mlperf.benchmark)
+    if w is None:
+        return None
+    recipe = w.defaults()
+    recipe.train.global_batch_size = spec.train.global_batch_size
+    recipe.parallel = copy.deepcopy(spec.parallel)
+    recipe.data.eval_samples = {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}.get(
+        spec.mlperf.benchmark, recipe.data.eval_samples)
+    return recipe
+
+
+def project(run: dict) -> dict | None:
+    """The projection of one stored run, or None (no step time, no benchmark, no reference)."""
+    from trainperf.plan.costs import estimate
+    from trainperf.plan.hardware import preset_for_device
+    from trainperf.plan.search import time_to_train
+    from trainperf.report.score import rcp_reference_samples
+    from trainperf.specs import RunSpec, data_parallel_size
+
+    if not run.get("step_time_s"):
+        return None
+    try:
+        spec = RunSpec.from_dict(json.loads(run["spec_json"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    recipe = _recipe_for(spec) if spec.mlperf.benchmark else None
+    if recipe is None:
+        return None
+    gbs = spec.train.global_batch_size
+    ref = rcp_reference_samples(spec.mlperf.benchmark, gbs)
+    if ref is None:
+        return None
+    samples, ref_kind = ref
+    dp = data_parallel_size(spec.parallel)
+    spans, rows = eval_pass_seconds(run.get("mllog_path"))
+    if spans and rows:
+        per_row, eval_source = statistics.median(spans) / math.ceil(rows / dp), "measured"
+    else:
+        hw = json.loads(run.get("hardware_json") or "{}")
+        gpu = preset_for_device(hw.get("gpu") or "")
+        if gpu is None:
+            return None
+        per_row = estimate(spec, gpu, hw.get("gpus") or run["world_size"]).eval_seconds_per_row
+        eval_source = "planned"
+    est = SimpleNamespace(step_time_s=run["step_time_s"], eval_seconds_per_row=per_row)
+    total = time_to_train(recipe, est, samples)
+    train_s = samples / gbs * run["step_time_s"]
+    return {"run_id": run["run_id"], "workload": run["workload"], "benchmark": spec.mlperf.benchmark,
+            "gpus": run["world_size"], "gbs": gbs, "samples_per_s": gbs / run["step_time_s"],
+            "reference_samples": samples, "reference": ref_kind, "train_s": train_s, "eval_s": total - train_s,
+            "eval_source": eval_source, "projected_s": total, "mfu": run.get("mfu"),
+            "tokens_per_s_per_gpu": run.get("tokens_per_s_per_gpu")}
+
+
+def projected_scaling_rows(runs: list[dict]) -> list[dict]:
+    """Per benchmark and GPU count, the run with the shortest projection; speedup against the
+    smallest GPU count and efficiency against ideal scaling."""
+    from trainperf.report.html import _layout_columns
+
+    best: dict[tuple[str, int], tuple[dict, dict]] = {}
+    for r in runs:
+        p = project(r)
+        if p is None:
+            continue
+        k = (p["benchmark"], p["gpus"])
+        if k not in best or p["projected_s"] < best[k][0]["projected_s"]:
+            best[k] = (p, r)
+    rows = []
+    for bench in sorted({b for b, _ in best}):
+        sizes = sorted(n for b, n in best if b == bench)
+        base_n, base_t = sizes[0], best[(bench, sizes[0])][0]["projected_s"]
+        for n in sizes:
+            p, r = best[(bench, n)]
+            speedup = base_t / p["projected_s"]
+            rows.append({**p, "layout": r["layout"], **_layout_columns(r), "speedup": speedup,
+                         "efficiency": speedup / (n / base_n)})
+    return rows
