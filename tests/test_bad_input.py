@@ -325,6 +325,8 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
         (["data.seq_len=512"], 1, ["data.seq_len=512", "max_position_embeddings=256"]),
         (["lora.rank=4", "lora.target_modules=q_proj,bogus"], 1, ["lora.target_modules", "q_proj, k_proj"]),
         (["hardware.device=tpu"], 1, ["hardware.device='tpu'"]),
+        (["train.recompute_layers=1"], 1, ["train.recompute_layers=1", "train.recompute=full or selective"]),
+        (["train.recompute=full", "train.recompute_layers=99"], 1, ["train.recompute_layers=99", "-1 (every layer)"]),
         (["parallel.tp=2", "train.compile=true", "lora.rank=4", "lora.dropout=0.1"], 2,
          ["train.compile=true", "parallel.tp=2", "lora.dropout=0.1"]),
     ],

@@ -142,6 +142,7 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
 @pytest.mark.parametrize("recompute, nproc, layout", [
     ("full", 1, ["parallel.dp_shard=1"]),
     ("selective", 2, ["parallel.tp=2", "parallel.sp=true", "parallel.dp_shard=1"]),
+    ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1"]),  # partial: the first layer only
 ])
 def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
     run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
@@ -165,3 +166,15 @@ def test_sharded_checkpoint_load_reads_only_local_blocks(tmp_path, references):
     read = json.loads((Path(run["out_dir"]) / "summary.json").read_text())["checkpoint_load_gib"]
     full = json.loads((Path(ref["out_dir"]) / "summary.json").read_text())["checkpoint_load_gib"]
     assert 0 < read <= 0.55 * full, (read, full)
+
+
+def test_partial_recompute_wraps_only_the_first_layers():
+    from trainperf.model.llama import LlamaForCausalLM
+    from trainperf.parallel.parallelize import apply_activation_checkpointing
+    from trainperf.specs import ModelSpec
+
+    model = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
+                                       num_kv_heads=2))
+    apply_activation_checkpointing(model, "full", 3)
+    wrapped = [hasattr(layer, "_forward_plain") for layer in model.model.layers.values()]
+    assert wrapped == [True, True, True, False]

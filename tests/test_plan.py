@@ -427,3 +427,42 @@ def test_tune_replayed_on_the_grid_finds_its_best_cheaply():
     assert won <= 1.03 * best
     assert sum(spent) <= 0.25 * sum(v["wall_s"] for _, _, v in rows)
     assert grid["default"]["step_time_s"] / won >= 1.2
+
+
+def test_partial_recompute_trades_memory_for_time():
+    """train.recompute_layers=k: memory and time move monotonically between no recompute and full."""
+    gpu = PRESETS["h200"]
+    none = estimate(spec_for("parallel.dp_shard=1"), gpu, 8)
+    full = estimate(spec_for("parallel.dp_shard=1", "train.recompute=full"), gpu, 8)
+    partial = [estimate(spec_for("parallel.dp_shard=1", "train.recompute=full", f"train.recompute_layers={k}"), gpu, 8)
+               for k in (0, 8, 16, 32)]
+    assert partial[0].memory["activations"] == pytest.approx(none.memory["activations"])
+    assert partial[-1].allocated_gib == pytest.approx(full.allocated_gib)
+    mems = [e.memory["activations"] for e in partial]
+    times = [e.step_time_s for e in partial]
+    assert mems == sorted(mems, reverse=True) and times == sorted(times)
+    assert none.step_time_s <= times[1] < full.step_time_s
+
+
+def test_plan_offers_the_partial_recompute_that_just_fits():
+    """The 70B recipe on 2 H200s: no-recompute does not fit, full does; plan adds the variant that
+    recomputes the fewest layers and still fits, and it is faster than full."""
+    from trainperf.workloads import get_workload
+
+    base = resolve_spec(get_workload("llama2_70b_lora").defaults(), None, ["mlperf.division=open"])
+    fits, _ = plan(base, PRESETS["h200"], 2, 2, objective="throughput")
+    partial = [c for c in fits if "train.recompute_layers" in c.overrides]
+    assert partial, [c.set_line for c in fits[:3]]
+    k = partial[0].overrides["train.recompute_layers"]
+    assert 0 < k < 80 and partial[0].est.fits
+    same_full = next(c for c in fits if c.overrides == {kk: v for kk, v in partial[0].overrides.items()
+                                                        if kk != "train.recompute_layers"})
+    assert partial[0].est.step_time_s < same_full.est.step_time_s
+    one_less = _apply_k(base, partial[0].overrides, k - 1)
+    assert not estimate(one_less, PRESETS["h200"], 2).fits  # the fewest that fit
+
+
+def _apply_k(base, overrides, k):
+    from trainperf.plan.search import _apply
+
+    return _apply(base, overrides | {"train.recompute_layers": k})

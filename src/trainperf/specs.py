@@ -88,6 +88,9 @@ class TrainSpec:
     grad_clip: float = 1.0  # 0 disables clipping
     max_steps: int = 1000
     recompute: str = "none"
+    # with recompute != none: how many decoder layers of each pipeline stage (its first ones) are
+    # recomputed; the others keep their activations (faster, more memory). -1: every layer
+    recompute_layers: int = -1
     seed: int = 1234
     log_every: int = 10
     compile: bool = False
@@ -429,6 +432,15 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     if t.recompute not in RECOMPUTE_MODES:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
+    if t.recompute_layers != -1:
+        pp = spec.parallel
+        vstages = (pp.pp_stages_per_rank or (2 if pp.pp_schedule == "Interleaved1F1B" else 1)) if pp.pp > 1 else 1
+        layers_per_stage = m.num_layers // (pp.pp * vstages)
+        if t.recompute == "none":
+            raise SpecError(f"train.recompute_layers={t.recompute_layers} needs train.recompute=full or selective")
+        if not 0 <= t.recompute_layers <= layers_per_stage:
+            raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or 0..{layers_per_stage} "
+                            f"(the decoder layers of one pipeline stage)")
     if t.lr <= 0:
         raise SpecError(f"train.lr={t.lr}: must be > 0")
     if t.max_steps < 1:

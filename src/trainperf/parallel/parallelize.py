@@ -247,11 +247,14 @@ def _recomputed_forward(layer: nn.Module, mode: str, *args):
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
-    """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer)."""
+def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1) -> None:
+    """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer);
+    ``n_layers`` >= 0 limits it to this model's (stage's) first n decoder layers (the rest keep their
+    activations: Megatron's recompute-num-layers), -1 applies it to all."""
     if mode == "none":
         return
-    for layer in model.model.layers.values():
+    layers = list(model.model.layers.values())
+    for layer in layers if n_layers < 0 else layers[:n_layers]:
         layer._forward_plain = layer.forward
         layer.forward = partial(_recomputed_forward, layer, mode)
 
@@ -286,13 +289,13 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
 
 
 def parallelize(model: nn.Module, p: ParallelSpec, mesh: DeviceMesh, recompute: str, compile_layers: bool,
-                param_dtype: torch.dtype | None) -> None:
+                param_dtype: torch.dtype | None, recompute_layers: int = -1) -> None:
     """Steps 2-6 on one model (or one pipeline stage) in place."""
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:
         apply_cp(model)
-    apply_activation_checkpointing(model, recompute)
+    apply_activation_checkpointing(model, recompute, recompute_layers)
     if compile_layers:
         apply_compile(model)
     apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)

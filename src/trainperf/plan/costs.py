@@ -123,8 +123,11 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         inflight_layers = L_rank * mb
     else:
         inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
-    est.memory["activations"] = activation_bytes_per_token_layer(spec) * tokens_mb * inflight_layers
-    if tr.recompute == "full":  # one layer's full set is live while it is recomputed
+    # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all
+    share = recomputed_share(spec, L_rank / v)
+    per_layer = share * activation_bytes_per_token_layer(spec) + (1 - share) * activation_bytes_per_token_layer(spec, "none")
+    est.memory["activations"] = per_layer * tokens_mb * inflight_layers
+    if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     chunk = tr.loss_chunk_tokens
@@ -155,6 +158,7 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
     elif tr.recompute == "selective":
         t_recompute = t_other / 3
+    t_recompute *= share
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
@@ -215,11 +219,20 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     return est
 
 
+def recomputed_share(spec: RunSpec, layers_per_stage: float) -> float:
+    """The fraction of a stage's decoder layers that train.recompute applies to (recompute_layers)."""
+    if spec.train.recompute == "none":
+        return 0.0
+    k = spec.train.recompute_layers
+    return 1.0 if k < 0 or layers_per_stage <= 0 else min(k, layers_per_stage) / layers_per_stage
+
+
 def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_per_rank: float) -> float:
     """CPU time to issue one step's layer executions (micro-batches x layers on this rank)."""
     lo, tr, p = spec.lora, spec.train, spec.parallel
     per_layer = gpu.host_s_per_layer + (gpu.host_s_per_lora_target * len(lo.target_modules) if lo.enabled else 0.0)
-    per_layer += {"selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
+    per_layer += recomputed_share(spec, layers_per_rank / (stages_per_rank(p) if p.pp > 1 else 1)) * {
+        "selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
     if p.dp_shard * p.cp > 1:  # FSDP2 wraps every layer (pre/post forward and backward hooks)
         per_layer += gpu.host_fsdp_s_per_layer
     if p.cp > 1:

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 
 from trainperf.plan.costs import Estimate, estimate
+from trainperf.parallel.parallelize import stages_per_rank
 from trainperf.plan.hardware import GPU
 from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, validate_layout
 
@@ -132,18 +133,9 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
         except SpecError:
             continue
         est = estimate(spec, gpu, gpus_per_node)
-        cand = Candidate(overrides, spec, est)
-        n = fixed_samples
-        if gbs_values:
-            g = spec.train.global_batch_size
-            if g not in rcp_cache:
-                rcp_cache[g] = rcp_samples(spec)
-            n = rcp_cache[g]
-            if n is None:
-                continue  # no RCP reaches this GBS: no time to train to rank it by
-        if n:
-            cand.time_to_train_s = time_to_train(spec, est, n)
-        (fits if est.fits else oom).append(cand)
+        for overrides, spec, est in [(overrides, spec, est), *_partial_recompute(base, overrides, spec, est, gpu,
+                                                                                  gpus_per_node)]:
+            _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_cache)
     if not fits and not oom:
         raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "
                         "batch size admit none)")
@@ -156,6 +148,42 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     for i, c in enumerate(fits, 1):
         c.id = f"P{i}"
     return fits, oom
+
+
+def _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_cache) -> None:
+    cand = Candidate(overrides, spec, est)
+    n = fixed_samples
+    if gbs_values:
+        g = spec.train.global_batch_size
+        if g not in rcp_cache:
+            rcp_cache[g] = rcp_samples(spec)
+        n = rcp_cache[g]
+        if n is None:
+            return  # no RCP reaches this GBS: no time to train to rank it by
+    if n:
+        cand.time_to_train_s = time_to_train(spec, est, n)
+    (fits if est.fits else oom).append(cand)
+
+
+def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
+    """For a full-recompute layout that fits: the variant that recomputes the fewest layers per stage
+    and still fits (train.recompute_layers) -- unless that is none or all of them."""
+    if spec.train.recompute != "full" or not est.fits:
+        return []
+    stages = spec.parallel.pp * (stages_per_rank(spec.parallel) if spec.parallel.pp > 1 else 1)
+    per_stage = spec.model.num_layers // stages
+    lo, hi = 0, per_stage  # hi fits (every layer recomputed): find the smallest k that fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if estimate(_apply(base, overrides | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo in (0, per_stage):
+        return []  # no recompute fits too (a candidate already), or no layer can be spared
+    o = overrides | {"train.recompute_layers": lo}
+    s = _apply(base, o)
+    return [(o, s, estimate(s, gpu, gpus_per_node))]
 
 
 def explain(winner: Candidate, loser: Candidate) -> str:
