@@ -325,6 +325,10 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
         (["data.seq_len=512"], 1, ["data.seq_len=512", "max_position_embeddings=256"]),
         (["lora.rank=4", "lora.target_modules=q_proj,bogus"], 1, ["lora.target_modules", "q_proj, k_proj"]),
         (["hardware.device=tpu"], 1, ["hardware.device='tpu'"]),
+        (["hardware.fp8=e5m2"], 1, ["hardware.fp8='e5m2'", "none, tensorwise, rowwise"]),
+        (["hardware.fp8=tensorwise", "parallel.tp=2"], 2, ["hardware.fp8=tensorwise", "parallel.tp=2", "tp=1"]),
+        (["hardware.fp8=tensorwise", "model.hidden_size=72", "model.num_heads=4", "model.num_kv_heads=4"], 1,
+         ["hardware.fp8=tensorwise", "hidden_size=72", "divisible by 16"]),
         (["train.recompute_layers=1"], 1, ["train.recompute_layers=1", "train.recompute=full or selective"]),
         (["train.recompute=full", "train.recompute_layers=99"], 1, ["train.recompute_layers=99", "-1 (every layer)"]),
         (["parallel.tp=2", "train.compile=true", "lora.rank=4", "lora.dropout=0.1"], 2,
@@ -704,3 +708,13 @@ def test_cli_report_json_empty_db(cli, case_id):
     assert p.returncode == 0, _diag(p)
     assert json.loads(p.stdout) == []
     assert_nothing_written(res.tmp)
+
+
+def test_fp8_without_torchao_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    spec = resolve_spec(mini_pretrain_defaults(), None, ["hardware.fp8=rowwise"])
+    with pytest.raises(SpecError, match="needs torchao"):
+        validate(spec, 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -455,3 +456,30 @@ def test_fused_model_saves_a_transformers_loadable_checkpoint(tmp_path):
     hf_model = load_hf(tmp_path / "fused")
     ids = random_ids(seed=9)
     assert max_diff(hf_logits(hf_model, ids), our_logits(fused, ids)) < TOL
+
+
+def test_frozen_float8_matmul_is_torchaos_forward_and_input_gradient_without_the_weight_gradient():
+    """hardware.fp8 for a frozen LoRA base: the same float8 forward and input gradient as torchao's
+    Float8Linear (bit for bit), close to the high-precision matmul, and no weight-gradient GEMM."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import convert_to_float8_training
+
+    from trainperf.model.float8 import float8_config, frozen_linear, linear_mm_config
+
+    torch.manual_seed(0)
+    for recipe in ("tensorwise", "rowwise"):
+        config = float8_config(recipe)
+        ref = nn.Sequential(nn.Linear(64, 96, bias=False))
+        convert_to_float8_training(ref, config=config)
+        weight = ref[0].weight.detach().clone()
+        x = torch.randn(2, 48, 64, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        y = frozen_linear(x, weight, (linear_mm_config(config), config))
+        y_ref = ref(x_ref)
+        g = torch.randn_like(y)
+        y.backward(g)
+        y_ref.backward(g)
+        assert torch.equal(y, y_ref) and torch.equal(x.grad, x_ref.grad)
+        exact = x.detach() @ weight.t()
+        assert (y - exact).norm() / exact.norm() < 0.1  # float8 rounding, not a different function
+        assert weight.grad is None and ref[0].weight.grad is not None  # torchao computes it; we do not

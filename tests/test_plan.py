@@ -466,3 +466,16 @@ def _apply_k(base, overrides, k):
     from trainperf.plan.search import _apply
 
     return _apply(base, overrides | {"train.recompute_layers": k})
+
+
+def test_fp8_speeds_up_only_the_decoder_gemms():
+    gpu = PRESETS["h200"]
+    bf16 = estimate(spec_for("parallel.dp_shard=1"), gpu, 8)
+    fp8 = estimate(spec_for("parallel.dp_shard=1", "hardware.fp8=tensorwise"), gpu, 8)
+    assert fp8.time["gemm"] < bf16.time["gemm"]
+    for term in ("attention", "elementwise", "recompute"):
+        assert fp8.time[term] == pytest.approx(bf16.time[term])
+    assert fp8.allocated_gib == pytest.approx(bf16.allocated_gib)
+    # the LM head and the adapters stay in bf16: not all of the GEMM time scales by the fp8/bf16 rate ratio
+    ratio = (gpu.bf16_tflops * gpu.gemm_eff) / (gpu.fp8_tflops * gpu.fp8_gemm_eff)
+    assert fp8.time["gemm"] > ratio * bf16.time["gemm"]

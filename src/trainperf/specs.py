@@ -139,6 +139,8 @@ class HardwareSpec:
     # storage dtype of a LoRA run's frozen base weights: auto = the compute dtype (bf16 on GPU), so the
     # base costs 2 bytes/parameter instead of an fp32 master copy nothing ever updates
     frozen_dtype: str = "auto"
+    # float8 GEMMs in the decoder layers through torchao: none | tensorwise | rowwise (model/float8.py)
+    fp8: str = "none"
 
 
 @dataclass
@@ -407,6 +409,30 @@ def validate_layout(spec: RunSpec) -> None:
                             f"raise train.global_batch_size to at least {p.pp * data_parallel_size(p) * t.micro_batch_size}")
 
 
+def _validate_fp8(spec: RunSpec) -> None:
+    """hardware.fp8: a torchao recipe, torchao importable, tensor parallel off (float8 TP styles are not
+    wired), and GEMM dimensions float8 kernels accept (multiples of 16)."""
+    h, m = spec.hardware, spec.model
+    recipes = ("none", "tensorwise", "rowwise")
+    if h.fp8 not in recipes:
+        raise SpecError(f"hardware.fp8={h.fp8!r}: valid values are {', '.join(recipes)}")
+    if h.fp8 == "none":
+        return
+    if spec.parallel.tp > 1:
+        raise SpecError(f"hardware.fp8={h.fp8} with parallel.tp={spec.parallel.tp} is not supported (float8 tensor "
+                        "parallel styles are not wired); use tp=1 with FSDP, CP or PP")
+    dims = {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+            "num_kv_heads x head_dim": m.num_kv_heads * m.head_dim}
+    for name, v in dims.items():
+        if v % 16:
+            raise SpecError(f"hardware.fp8={h.fp8} needs GEMM dimensions divisible by 16; model {name}={v} is not")
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        raise SpecError(f"hardware.fp8={h.fp8} needs torchao (pip install torchao, or a wheel on a machine "
+                        "without network); it is not installed")
+
+
 def validate(spec: RunSpec, world_size: int) -> None:
     """Raise SpecError on the first problem; call before any process is launched."""
     resolve_layout(spec, world_size)
@@ -432,6 +458,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     if t.recompute not in RECOMPUTE_MODES:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
+    _validate_fp8(spec)
     if t.recompute_layers != -1:
         pp = spec.parallel
         vstages = (pp.pp_stages_per_rank or (2 if pp.pp_schedule == "Interleaved1F1B" else 1)) if pp.pp > 1 else 1

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.model.float8 import frozen_linear
+
 from trainperf.specs import LoRASpec
 
 
@@ -27,9 +29,10 @@ class LoRALinear(nn.Module):
         nn.init.zeros_(self.lora_B.weight)  # PEFT's init: the adapter starts as a no-op
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.scaling = alpha / rank
+        self._float8 = None  # (mm config, torchao config) once hardware.fp8 is applied (model/float8.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        return frozen_linear(x, self.weight, self._float8) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:

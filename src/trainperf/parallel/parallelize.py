@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from trainperf.model.float8 import apply_float8
 from trainperf.specs import ParallelSpec
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -289,8 +290,10 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
 
 
 def parallelize(model: nn.Module, p: ParallelSpec, mesh: DeviceMesh, recompute: str, compile_layers: bool,
-                param_dtype: torch.dtype | None, recompute_layers: int = -1) -> None:
-    """Steps 2-6 on one model (or one pipeline stage) in place."""
+                param_dtype: torch.dtype | None, recompute_layers: int = -1, fp8: str = "none") -> None:
+    """Steps 2-6 on one model (or one pipeline stage) in place; float8 GEMMs (a module swap or a
+    flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
+    apply_float8(model, fp8)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:

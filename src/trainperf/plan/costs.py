@@ -140,14 +140,17 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
 
     # ---- compute time per micro-batch per pipeline stage (seconds)
     # the slowest stage is the last: its layers plus the LM head (the embedding is a lookup)
-    n_lin_rank = (L_rank * (p_layer - 2 * h) + V * h) / t
+    n_lin_layers, n_lin_head = L_rank * (p_layer - 2 * h) / t, V * h / t
     lin_mult = 4.0 if lo.enabled else 6.0  # frozen base: forward + input gradient only
-    flops_lin = lin_mult * n_lin_rank * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb
+    flops_layers = lin_mult * n_lin_layers * tokens_mb
+    flops_lin = lin_mult * (n_lin_layers + n_lin_head) * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb
     # flash/cuDNN kernels work on head dims padded to a multiple of 64 (a 100-wide head costs 128)
     padded_head_dim = -(-m.head_dim // 64) * 64
     flops_attn = 3.0 * 2.0 * S * m.num_heads * padded_head_dim * L_rank / t * tokens_mb
     peak = gpu.bf16_tflops * 1e12
     t_lin = flops_lin / (peak * gpu.gemm_eff)
+    if spec.hardware.fp8 != "none":  # the decoder layers' base GEMMs in float8 (LM head, adapters: bf16)
+        t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - flops_layers / (peak * gpu.gemm_eff)
     attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
     t_attn = flops_attn / (peak * attn_eff)
     t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank

@@ -26,6 +26,10 @@ class GPU:
     intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
+    # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak reached including the
+    # per-GEMM casts. Assumed, not yet measured end to end: the plain fp8 GEMM reaches 0.73 (1,437 of
+    # 1,979 TFLOP/s, preflight on H200) and the casts are memory-bound passes over both operands.
+    fp8_gemm_eff: float = 0.55
     attn_eff: float = 0.29  # H200: SDPA flash fwd+bwd 286 of 989 at seq 8192 (measured)
     # Eager non-GEMM work (norms, RoPE, SiLU, casts, dropout, residuals), seconds per token per layer
     # per unit of hidden size; fitted to the 7B-shape LoRA step on one H200 (0.708 s at seq 8192).

@@ -77,7 +77,7 @@ class Engine:
             self.parts = [(0, model)]
         for _, part in self.parts:
             parallelize(part, p, mesh, spec.train.recompute, spec.train.compile, param_dtype,
-                        spec.train.recompute_layers)
+                        spec.train.recompute_layers, spec.hardware.fp8)
             _materialise(part, spec, device)
         self.load_s, self.load_bytes = 0.0, 0
         if spec.model.path:  # untimed: before run_start

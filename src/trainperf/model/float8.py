@@ -1,0 +1,114 @@
+"""FP8 GEMMs through torchao's float8 training (``hardware.fp8 = tensorwise | rowwise``).
+
+Full training: torchao's ``convert_to_float8_training`` swaps the decoder layers' Linears for its
+Float8Linear (forward, input gradient and weight gradient in float8 with dynamic scales; the LM head
+stays in bf16, as torchtitan does).
+
+LoRA: the base weights are frozen, and torchao's Float8Linear would still compute their weight
+gradient -- a third GEMM a frozen base does not need (the FLOPs the LoRA-aware MFU rightly leaves
+out). ``FrozenFloat8Matmul`` uses torchao's own scaling and scaled-matmul tensor for the forward
+(x e4m3 · W e4m3) and the input gradient (dy e5m2 · W e4m3) only, and saves just W for backward.
+The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FP8_RECIPES = ("none", "tensorwise", "rowwise")
+
+
+def float8_config(recipe: str):
+    from torchao.float8 import Float8LinearConfig
+
+    return Float8LinearConfig.from_recipe_name(recipe)
+
+
+def linear_mm_config(config):
+    """The three GEMM configs (output, grad input, grad weight) as torchao's Float8Linear builds them."""
+    from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
+
+    def one(gemm):
+        return ScaledMMConfig(config.emulate, gemm.use_fast_accum, False, config.pad_inner_dim)
+
+    return LinearMMConfig(one(config.gemm_config_output), one(config.gemm_config_grad_input),
+                          one(config.gemm_config_grad_weight))
+
+
+def _to_float8(t: torch.Tensor, cast_config, mm_config, role, axis: int, config):
+    from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim, hp_tensor_to_float8_dynamic
+
+    return hp_tensor_to_float8_dynamic(t, cast_config.target_dtype, mm_config, gemm_input_role=role,
+                                       scaling_granularity=cast_config.scaling_granularity,
+                                       axiswise_dim=get_maybe_axiswise_dim(axis, cast_config.scaling_granularity),
+                                       round_scales_to_power_of_2=config.round_scales_to_power_of_2)
+
+
+class FrozenFloat8Matmul(torch.autograd.Function):
+    """y = x W^T in float8 for a frozen W: forward and input gradient, no weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mm_config, config) -> torch.Tensor:
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        ctx.save_for_backward(weight)
+        ctx.mm_config, ctx.config = mm_config, config
+        x2 = x.reshape(-1, x.shape[-1])
+        x8 = _to_float8(x2, config.cast_config_input, mm_config, GemmInputRole.INPUT, -1, config)
+        w8_t = _to_float8(weight.t(), config.cast_config_weight, mm_config, GemmInputRole.WEIGHT, 0, config)
+        return torch.mm(x8, w8_t).reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        (weight,) = ctx.saved_tensors
+        config, mm_config = ctx.config, ctx.mm_config
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        g8 = _to_float8(g2, config.cast_config_grad_output, mm_config, GemmInputRole.GRAD_OUTPUT, -1, config)
+        w8_t = _to_float8(weight.t(), config.cast_config_weight_for_grad_input, mm_config, GemmInputRole.WEIGHT, -1,
+                          config)
+        grad_x = torch.mm(g8, w8_t.t()).reshape(*grad_out.shape[:-1], weight.shape[1])
+        return grad_x, None, None, None
+
+
+def frozen_linear(x: torch.Tensor, weight: torch.Tensor, float8) -> torch.Tensor:
+    """``F.linear(x, weight)`` of a frozen weight; in float8 when ``float8`` is (mm_config, config)."""
+    if float8 is None:
+        return F.linear(x, weight)
+    return FrozenFloat8Matmul.apply(x, weight, *float8)
+
+
+def _frozen_linear_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return frozen_linear(x, module.weight, module._float8)
+
+
+def apply_float8(model: nn.Module, recipe: str) -> int:
+    """Float8 GEMMs in every decoder layer (the embedding and LM head stay bf16); returns how many
+    Linears were converted. Call on the meta model before tensor parallel, compile and FSDP."""
+    if recipe == "none":
+        return 0
+    from trainperf.model.lora import LoRALinear
+
+    config = float8_config(recipe)
+    layers = model.model.layers
+    # LoRA adapters (lora_A / lora_B) train, so they are never in this list
+    frozen = [m for m in layers.modules() if isinstance(m, LoRALinear)
+              or (isinstance(m, nn.Linear) and not m.weight.requires_grad)]
+    if frozen:  # LoRA: frozen base GEMMs without a weight gradient; adapters stay bf16
+        mm = linear_mm_config(config)
+        for m in frozen:
+            m._float8 = (mm, config)
+            if not isinstance(m, LoRALinear):
+                m.forward = partial(_frozen_linear_forward, m)
+        return len(frozen)
+    from torchao.float8 import convert_to_float8_training
+
+    before = sum(isinstance(m, nn.Linear) for m in layers.modules())
+    convert_to_float8_training(layers, config=config)
+    return before
+
