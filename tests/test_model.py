@@ -483,3 +483,34 @@ def test_frozen_float8_matmul_is_torchaos_forward_and_input_gradient_without_the
         exact = x.detach() @ weight.t()
         assert (y - exact).norm() / exact.norm() < 0.1  # float8 rounding, not a different function
         assert weight.grad is None and ref[0].weight.grad is not None  # torchao computes it; we do not
+
+
+def test_float8_full_training_swaps_the_decoder_linears_only():
+    """hardware.fp8 without LoRA: torchao's Float8Linear in the decoder layers (weights train in float8
+    GEMMs), the LM head and embedding untouched; a step's loss and gradients stay close to bf16's."""
+    pytest.importorskip("torchao")
+    import copy
+
+    from torchao.float8.float8_linear import Float8Linear
+
+    from trainperf.model.float8 import apply_float8
+    from trainperf.model.llama import LlamaForCausalLM
+    from trainperf.specs import ModelSpec
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                                       num_heads=4, num_kv_heads=4))
+    fp8 = copy.deepcopy(model)
+    assert apply_float8(fp8, "tensorwise") == 14  # 7 Linears per layer
+    assert all(isinstance(m, Float8Linear) for n, m in fp8.model.layers.named_modules() if isinstance(m, nn.Linear))
+    assert type(fp8.lm_head) is nn.Linear
+    ids = torch.randint(0, 64, (2, 32))
+    losses, grads = [], []
+    for m in (model, fp8):
+        logits = m(ids)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(m.model.layers["0"].mlp.up_proj.weight.grad)
+    assert abs(losses[1] / losses[0] - 1) < 0.02 and losses[1] != losses[0]
+    assert (grads[1] - grads[0]).norm() / grads[0].norm() < 0.15
