@@ -112,6 +112,16 @@ def test_projected_time_to_train_from_throughput_runs(tmp_path):
                          str(tmp_path))
         store.update_run_info(run_id, hardware_json=json.dumps({"device": "cuda", "gpu": "NVIDIA H200", "gpus": gpus}))
         store.finish_run(run_id, status="failed", step_time_s=step, mllog_path=log, mfu=0.4)
+    # not projected: a shrunken model of the benchmark, and a mini workload that borrows its log name
+    shrunk = resolve_spec(get_workload("llama2_70b_lora").defaults(), None, ["mlperf.division=open", "model.num_layers=2"])
+    store.create_run("shrunk", "llama2_70b_lora", shrunk.to_dict(), "x", 4, "open", False, 0.925, str(tmp_path))
+    store.finish_run("shrunk", status="failed", step_time_s=0.01)
+    from trainperf.workloads.mini import mini_lora_defaults
+
+    mini = mini_lora_defaults()
+    assert mini.mlperf.benchmark == "llama2_70b_lora"
+    store.create_run("mini", "mini-lora", mini.to_dict(), "x", 4, "open", False, 0.9, str(tmp_path))
+    store.finish_run("mini", status="success", step_time_s=0.01, time_to_train_s=5.0)
     rows = {r["gpus"]: r for r in projected_scaling_rows(store.list_runs())}
     assert set(rows) == {2, 8} and rows[8]["run_id"] == "eight"  # the faster of the two 8-GPU runs
     samples, _ = rcp_reference_samples("llama2_70b_lora", 8)

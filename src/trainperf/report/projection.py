@@ -54,6 +54,13 @@ def _recipe_for(spec):
     return recipe
 
 
+def _same_problem(spec, recipe) -> bool:
+    """The benchmark's model shape and sequence length: only then do its samples to converge apply."""
+    shape = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads")
+    return (all(getattr(spec.model, k) == getattr(recipe.model, k) for k in shape)
+            and spec.data.seq_len == recipe.data.seq_len)
+
+
 def project(run: dict) -> dict | None:
     """The projection of one stored run, or None (no step time, no benchmark, no reference)."""
     from trainperf.plan.costs import estimate
@@ -68,9 +75,9 @@ def project(run: dict) -> dict | None:
         spec = RunSpec.from_dict(json.loads(run["spec_json"]))
     except (KeyError, TypeError, ValueError):
         return None
-    recipe = _recipe_for(spec) if spec.mlperf.benchmark else None
-    if recipe is None:
-        return None
+    recipe = _recipe_for(spec) if spec.mlperf.benchmark == spec.workload else None
+    if recipe is None or not _same_problem(spec, recipe):
+        return None  # a mini workload borrowing the benchmark's log name, or a shrunken model
     gbs = spec.train.global_batch_size
     ref = rcp_reference_samples(spec.mlperf.benchmark, gbs)
     if ref is None:
