@@ -137,3 +137,30 @@ def test_projected_time_to_train_from_throughput_runs(tmp_path):
     cli = subprocess.run(trainperf_cmd("report", "--db", str(tmp_path / "t.db")), capture_output=True, text=True,
                          timeout=120, env={**__import__("os").environ, "COLUMNS": "250"})
     assert cli.returncode == 0 and "projected time to train" in cli.stdout, cli.stderr[-2000:]
+
+
+@pytest.mark.skipif(__import__("shutil").which("chromium") is None, reason="no headless chromium on this machine")
+def test_html_report_renders_in_a_headless_browser(tmp_path):
+    """The page a user opens: headless Chromium renders it (plots are embedded PNGs) to a screenshot
+    that is not blank; its DOM has the tables and every image decoded (naturalWidth > 0)."""
+    import matplotlib.image as mpimg
+
+    store = Store(tmp_path / "t.db")
+    fill(store, tmp_path)
+    runs = store.list_runs()
+    page = tmp_path / "report.html"
+    page.write_text(render(runs, {r["run_id"]: store.steps(r["run_id"]) for r in runs}))
+    shot = tmp_path / "shot.png"
+    base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,2400"]
+    subprocess.run([*base, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120)
+    img = mpimg.imread(shot)
+    assert img.shape[0] >= 2000 and img.std() > 0.05  # drawn, not a blank page
+    probe = tmp_path / "probe.html"  # the report in an iframe, with a script that reports what rendered
+    probe.write_text(page.read_text().replace("</body>", "<script>document.title = 'imgs:' + "
+                     "[...document.images].filter(i => i.complete && i.naturalWidth > 0).length + '/' + "
+                     "document.images.length + ' tables:' + document.querySelectorAll('table').length;</script></body>"))
+    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    title = re.search(r"<title>([^<]*)</title>", dom).group(1)
+    n_ok, n_all = map(int, re.search(r"imgs:(\d+)/(\d+)", title).groups())
+    assert n_all >= 2 and n_ok == n_all, title
+    assert int(re.search(r"tables:(\d+)", title).group(1)) >= 4
