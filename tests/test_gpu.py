@@ -102,3 +102,31 @@ def test_closed_recipe_schedule_on_two_gpus(tmp_path):
                  "--set", f"data.path={data}", "--set", "data.seq_len=512", "--set", "mlperf.division=open")
     assert out.returncode == 0, out.stderr[-3000:]
     assert s["status"] == "success" and s["samples_to_target"] == 1536
+
+
+SMALL_7B_LIKE = ["--set", "model.hidden_size=1024", "--set", "model.intermediate_size=2816", "--set",
+                 "model.num_layers=8", "--set", "model.num_heads=8", "--set", "model.num_kv_heads=8",
+                 "--set", "data.seq_len=2048", "--set", "train.max_steps=6", "--set", "train.seed=3"]
+
+
+def test_fp8_lora_on_gpu_trains_close_to_bf16(tmp_path):
+    """hardware.fp8=tensorwise on a real Hopper GPU (torchao's scaled matmuls, our frozen-base matmul):
+    losses within float8 rounding of bf16's, and the step is not slower."""
+    pytest.importorskip("torchao")
+    out_bf16, bf16 = run(tmp_path, "run", "synthetic-lora", *SMALL_7B_LIKE)
+    out_fp8, fp8 = run(tmp_path, "run", "synthetic-lora", *SMALL_7B_LIKE, "--set", "hardware.fp8=tensorwise")
+    assert bf16.get("losses") and fp8.get("losses"), (out_bf16.stderr[-2000:], out_fp8.stderr[-2000:])
+    assert all(abs(a / b - 1) < 0.03 for a, b in zip(fp8["losses"], bf16["losses"]))
+    assert fp8["step_time_s"] < 1.05 * bf16["step_time_s"]
+
+
+def test_partial_recompute_sits_between_none_and_full_on_gpu(tmp_path):
+    """train.recompute_layers=4 of 8: peak memory between no recompute and full, same losses."""
+    res = {}
+    for name, extra in (("none", []), ("full", ["--set", "train.recompute=full"]),
+                        ("half", ["--set", "train.recompute=full", "--set", "train.recompute_layers=4"])):
+        out, s = run(tmp_path, "run", "synthetic-lora", *SMALL_7B_LIKE, *extra, "--set", "lora.dropout=0")
+        assert s.get("losses"), out.stderr[-2000:]
+        res[name] = s
+    assert res["full"]["peak_mem_gib"] < res["half"]["peak_mem_gib"] < res["none"]["peak_mem_gib"]
+    assert res["half"]["losses"] == pytest.approx(res["none"]["losses"], rel=1e-3)
