@@ -169,7 +169,7 @@ def _interactive() -> bool:
 def cmd_plan(args) -> int:
     from trainperf.plan.hardware import load_gpu
     from trainperf.plan.search import explain, plan
-    from trainperf.specs import resolve_spec
+    from trainperf.specs import layers_per_stage, resolve_spec
     from trainperf.workloads import get_workload
 
     if args.calibrate:
@@ -251,8 +251,9 @@ def cmd_plan(args) -> int:
         cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
                  str(o["parallel.pp"]), o["parallel.pp_schedule"] if o["parallel.pp"] > 1 else "-",
                  str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
-                 o["train.recompute"] + (f" {o['train.recompute_layers']}/{c.spec.model.num_layers // c.spec.parallel.pp}"
-                                         if "train.recompute_layers" in o else ""), f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
+                 o["train.recompute"] + (f" {o['train.recompute_layers']}/{layers_per_stage(c.spec)}"
+                                         if "train.recompute_layers" in o else ""),
+                 f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
                  f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
         if c.time_to_train_s:
             cells.append(f"{c.time_to_train_s / 60:.1f}")

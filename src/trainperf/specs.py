@@ -71,6 +71,7 @@ class ParallelSpec:
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
+FP8_RECIPES = ("none", "tensorwise", "rowwise")  # hardware.fp8: torchao float8 recipes
 
 
 @dataclass
@@ -361,6 +362,18 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def stages_per_rank(p: ParallelSpec) -> int:
+    """Pipeline stages each rank holds: parallel.pp_stages_per_rank, else 2 for Interleaved1F1B, else 1
+    (1 without pipeline parallelism)."""
+    if p.pp == 1:
+        return 1
+    return p.pp_stages_per_rank or (2 if p.pp_schedule == "Interleaved1F1B" else 1)
+
+
+def layers_per_stage(spec: RunSpec) -> int:
+    return spec.model.num_layers // (spec.parallel.pp * stages_per_rank(spec.parallel))
+
+
 def validate_layout(spec: RunSpec) -> None:
     """What each technique needs of the model and the batch."""
     p, m, t, d = spec.parallel, spec.model, spec.train, spec.data
@@ -393,7 +406,7 @@ def validate_layout(spec: RunSpec) -> None:
             raise SpecError("parallel.cp > 1 needs CUDA GPUs: in torch 2.13 context parallel attention has no "
                             "CPU kernels (no backward); use cp=1 on CPU")
     if p.pp > 1:
-        vstages = p.pp_stages_per_rank or (2 if p.pp_schedule == "Interleaved1F1B" else 1)
+        vstages = stages_per_rank(p)
         if p.pp_schedule == "Interleaved1F1B" and vstages < 2:
             raise SpecError("parallel.pp_schedule=Interleaved1F1B needs parallel.pp_stages_per_rank >= 2")
         if p.pp_schedule != "Interleaved1F1B" and vstages != 1:
@@ -413,9 +426,8 @@ def _validate_fp8(spec: RunSpec) -> None:
     """hardware.fp8: a torchao recipe, torchao importable, tensor parallel off (float8 TP styles are not
     wired), and GEMM dimensions float8 kernels accept (multiples of 16)."""
     h, m = spec.hardware, spec.model
-    recipes = ("none", "tensorwise", "rowwise")
-    if h.fp8 not in recipes:
-        raise SpecError(f"hardware.fp8={h.fp8!r}: valid values are {', '.join(recipes)}")
+    if h.fp8 not in FP8_RECIPES:
+        raise SpecError(f"hardware.fp8={h.fp8!r}: valid values are {', '.join(FP8_RECIPES)}")
     if h.fp8 == "none":
         return
     if spec.parallel.tp > 1:
@@ -460,13 +472,11 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
     _validate_fp8(spec)
     if t.recompute_layers != -1:
-        pp = spec.parallel
-        vstages = (pp.pp_stages_per_rank or (2 if pp.pp_schedule == "Interleaved1F1B" else 1)) if pp.pp > 1 else 1
-        layers_per_stage = m.num_layers // (pp.pp * vstages)
+        per_stage = layers_per_stage(spec)
         if t.recompute == "none":
             raise SpecError(f"train.recompute_layers={t.recompute_layers} needs train.recompute=full or selective")
-        if not 0 <= t.recompute_layers <= layers_per_stage:
-            raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or 0..{layers_per_stage} "
+        if not 0 <= t.recompute_layers <= per_stage:
+            raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or 0..{per_stage} "
                             f"(the decoder layers of one pipeline stage)")
     if t.lr <= 0:
         raise SpecError(f"train.lr={t.lr}: must be > 0")

@@ -1,13 +1,14 @@
 """`trainperf tune`: short measured trials of the planner's best layouts, by successive halving.
 
 Round 1 runs every candidate for a few steps; each later round keeps the faster half (by measured
-median step time, the first step excluded) -- and of that half only the layouts within ``keep_within``
-of the round's best, since one clearly ahead needs no longer trial to be believed -- and runs them for
-twice as many steps, until one is left or the time budget is spent. After every finished trial the planner is recalibrated to this machine (the
-median measured/predicted step-time ratio so far), and a candidate whose recalibrated prediction is
-more than ``abandon_factor`` times the best measured step is not tried at all. Every trial is a real `trainperf run` in its own process tree, stored like
-any run, so an OOM, a crash or a layout the machine cannot run is recorded with its reason and the
-search goes on.
+median step time, the first step excluded) -- and of that half only the layouts within
+``keep_within`` of the round's best, since one clearly ahead needs no longer trial to be believed --
+and runs them for twice as many steps, until one is left or the time budget is spent. After every
+finished trial the planner is recalibrated to this machine (the median measured/predicted step-time
+ratio so far), and a candidate whose recalibrated prediction is more than ``abandon_factor`` times the
+best measured step is not tried at all. Every trial is a real `trainperf run` in its own process
+tree, stored like any run, so an OOM, a crash or a layout the machine cannot run is recorded with its
+reason and the search goes on.
 """
 
 from __future__ import annotations

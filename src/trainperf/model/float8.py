@@ -19,8 +19,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-FP8_RECIPES = ("none", "tensorwise", "rowwise")
-
 
 def float8_config(recipe: str):
     from torchao.float8 import Float8LinearConfig

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.model.float8 import frozen_linear
-
 from trainperf.specs import LoRASpec
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainperf.model.float8 import apply_float8
-from trainperf.specs import ParallelSpec
+from trainperf.specs import ParallelSpec, stages_per_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -64,12 +64,6 @@ def layout_string(p: ParallelSpec) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # 1. Pipeline split
-
-def stages_per_rank(p: ParallelSpec) -> int:
-    if p.pp_stages_per_rank:
-        return p.pp_stages_per_rank
-    return 2 if p.pp_schedule == "Interleaved1F1B" else 1
-
 
 def split_for_pipeline(model: nn.Module, p: ParallelSpec, pp_rank: int) -> list[tuple[int, nn.Module]]:
     """Cut the (meta) model into pp x stages_per_rank stages of equal layer counts; this rank keeps

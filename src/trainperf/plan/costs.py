@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainperf.parallel.parallelize import stages_per_rank
 from trainperf.plan.hardware import GPU
-from trainperf.specs import RunSpec
+from trainperf.specs import RunSpec, layers_per_stage, stages_per_rank
 from trainperf.train import metrics
 
 GIB = 2**30
@@ -91,7 +90,7 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     t, c, pp, R = p.tp, p.cp, p.pp, p.dp_replicate
     d = p.dp_shard * c
     dp = R * p.dp_shard
-    v = stages_per_rank(p) if pp > 1 else 1
+    v = stages_per_rank(p)
     S, b = spec.data.seq_len, tr.micro_batch_size
     mb = tr.global_batch_size // (dp * b)
     L, h, V = m.num_layers, m.hidden_size, m.vocab_size
@@ -124,7 +123,7 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     else:
         inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all
-    share = recomputed_share(spec, L_rank / v)
+    share = recomputed_share(spec)
     per_layer = share * activation_bytes_per_token_layer(spec) + (1 - share) * activation_bytes_per_token_layer(spec, "none")
     est.memory["activations"] = per_layer * tokens_mb * inflight_layers
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
@@ -222,19 +221,19 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     return est
 
 
-def recomputed_share(spec: RunSpec, layers_per_stage: float) -> float:
+def recomputed_share(spec: RunSpec) -> float:
     """The fraction of a stage's decoder layers that train.recompute applies to (recompute_layers)."""
     if spec.train.recompute == "none":
         return 0.0
-    k = spec.train.recompute_layers
-    return 1.0 if k < 0 or layers_per_stage <= 0 else min(k, layers_per_stage) / layers_per_stage
+    k, per_stage = spec.train.recompute_layers, layers_per_stage(spec)
+    return 1.0 if k < 0 or per_stage <= 0 else min(k, per_stage) / per_stage
 
 
 def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_per_rank: float) -> float:
     """CPU time to issue one step's layer executions (micro-batches x layers on this rank)."""
     lo, tr, p = spec.lora, spec.train, spec.parallel
     per_layer = gpu.host_s_per_layer + (gpu.host_s_per_lora_target * len(lo.target_modules) if lo.enabled else 0.0)
-    per_layer += recomputed_share(spec, layers_per_rank / (stages_per_rank(p) if p.pp > 1 else 1)) * {
+    per_layer += recomputed_share(spec) * {
         "selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
     if p.dp_shard * p.cp > 1:  # FSDP2 wraps every layer (pre/post forward and backward hooks)
         per_layer += gpu.host_fsdp_s_per_layer

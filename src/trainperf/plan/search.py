@@ -9,9 +9,8 @@ import statistics
 from dataclasses import dataclass
 
 from trainperf.plan.costs import Estimate, estimate
-from trainperf.parallel.parallelize import stages_per_rank
 from trainperf.plan.hardware import GPU
-from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, validate_layout
+from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, layers_per_stage, validate_layout
 
 
 @dataclass
@@ -170,8 +169,7 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
     and still fits (train.recompute_layers) -- unless that is none or all of them."""
     if spec.train.recompute != "full" or not est.fits:
         return []
-    stages = spec.parallel.pp * (stages_per_rank(spec.parallel) if spec.parallel.pp > 1 else 1)
-    per_stage = spec.model.num_layers // stages
+    per_stage = layers_per_stage(spec)
     lo, hi = 0, per_stage  # hi fits (every layer recomputed): find the smallest k that fits
     while lo < hi:
         mid = (lo + hi) // 2

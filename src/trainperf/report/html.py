@@ -11,22 +11,8 @@ import os
 import time
 from collections import defaultdict
 
-from trainperf.report.projection import projected_scaling_rows
+from trainperf.report.projection import layout_columns, projected_scaling_rows, with_speedup
 from trainperf.report.published import LLAMA2_70B_LORA, SOURCE
-
-
-def _layout_columns(run: dict) -> dict:
-    """DP, TP, PP, CP, SP, GBS, MBS of a stored run (from its spec), for the operators' scaling table."""
-    import json
-
-    try:
-        spec = json.loads(run.get("spec_json") or "{}")
-    except ValueError:
-        spec = {}
-    p, t = spec.get("parallel", {}), spec.get("train", {})
-    dp = (p.get("dp_replicate") or 1) * (p.get("dp_shard") or 1) if p.get("dp_shard", -1) > 0 else None
-    return {"dp": dp, "tp": p.get("tp"), "pp": p.get("pp"), "cp": p.get("cp"), "sp": p.get("sp"),
-            "gbs": t.get("global_batch_size"), "mbs": t.get("micro_batch_size")}
 
 
 def scaling_rows(runs: list[dict]) -> list[dict]:
@@ -39,20 +25,11 @@ def scaling_rows(runs: list[dict]) -> list[dict]:
         k = (r["workload"], r["world_size"])
         if k not in best or r["time_to_train_s"] < best[k]["time_to_train_s"]:
             best[k] = r
-    rows = []
-    for workload in sorted({w for w, _ in best}):
-        sizes = sorted(n for w, n in best if w == workload)
-        base_n, base_t = sizes[0], best[(workload, sizes[0])]["time_to_train_s"]
-        for n in sizes:
-            r = best[(workload, n)]
-            speedup = base_t / r["time_to_train_s"]
-            rows.append({"workload": workload, "gpus": n, "layout": r["layout"], **_layout_columns(r),
-                         "time_to_train_s": r["time_to_train_s"],
-                         "speedup": speedup, "efficiency": speedup / (n / base_n), "run_id": r["run_id"],
-                         "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "mfu": r.get("mfu"),
-                         "runs": sum(1 for x in runs if x["workload"] == workload and x["world_size"] == n
-                                     and x["status"] == "success")})
-    return rows
+    rows = [{"workload": w, "gpus": n, "layout": r["layout"], **layout_columns(r), "time_to_train_s": r["time_to_train_s"],
+             "run_id": r["run_id"], "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "mfu": r.get("mfu"),
+             "runs": sum(1 for x in runs if x["workload"] == w and x["world_size"] == n and x["status"] == "success")}
+            for (w, n), r in sorted(best.items())]
+    return with_speedup(rows, "workload", "time_to_train_s")
 
 
 def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
@@ -174,6 +151,12 @@ def trace_breakdowns(runs: list[dict]) -> list[dict]:
     return out
 
 
+def _layout_cells(r: dict) -> list[str]:
+    """DP, TP, PP, CP, SP, GBS, MBS cells of a scaling row (report/projection.py: layout_columns)."""
+    return [_f(r.get(k), "") for k in ("dp", "tp", "pp", "cp")] + ["y" if r.get("sp") else "-", _f(r.get("gbs"), ""),
+                                                                   _f(r.get("mbs"), "")]
+
+
 def _table(headers: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -191,8 +174,7 @@ def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
     parts.append("<h2>Scaling table</h2>" + (_table(
         ["workload", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "time to train (s)", "speedup", "efficiency",
          "tokens/s/GPU", "MFU", "runs"],
-        [[r["workload"], r["gpus"], _f(r.get("dp"), ""), _f(r.get("tp"), ""), _f(r.get("pp"), ""), _f(r.get("cp"), ""),
-          "y" if r.get("sp") else "-", _f(r.get("gbs"), ""), _f(r.get("mbs"), ""),
+        [[r["workload"], r["gpus"], *_layout_cells(r),
           _f(r["time_to_train_s"], ".1f"), _f(r["speedup"], ".2f"),
           _f(100 * r["efficiency"], ".0f") + "%", _f(r["tokens_per_s_per_gpu"], ",.0f"),
           _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
@@ -206,9 +188,7 @@ def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
                          ["benchmark", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "samples/s",
                           "reference samples", "evals (s)", "projected (min)", "speedup", "efficiency", "tokens/s/GPU",
                           "MFU"],
-                         [[r["benchmark"], r["gpus"], _f(r.get("dp"), ""), _f(r.get("tp"), ""), _f(r.get("pp"), ""),
-                           _f(r.get("cp"), ""), "y" if r.get("sp") else "-", _f(r.get("gbs"), ""),
-                           _f(r.get("mbs"), ""), _f(r["samples_per_s"], ".3f"),
+                         [[r["benchmark"], r["gpus"], *_layout_cells(r), _f(r["samples_per_s"], ".3f"),
                            f"{r['reference_samples']:.0f} ({html.escape(r['reference'])})",
                            f"{r['eval_s']:.0f} ({r['eval_source']})", _f(r["projected_s"] / 60, ".1f"),
                            _f(r["speedup"], ".2f"), _f(100 * r["efficiency"], ".0f") + "%",

@@ -6,7 +6,8 @@ checker knows how many samples the reference needs to converge at that global ba
 time to train = reference samples ÷ measured samples/s + the evals the recipe runs on the way (each
 one the run's own measured eval pass when it made one, else the planner's estimate). It is a
 projection and is always labelled so -- never a time to train: only a run that reaches the target
-has one.
+has one. The scaling-table helpers both tables share (layout columns, speedup and efficiency against
+the smallest GPU count) live here too.
 """
 
 from __future__ import annotations
@@ -107,8 +108,6 @@ def project(run: dict) -> dict | None:
 def projected_scaling_rows(runs: list[dict]) -> list[dict]:
     """Per benchmark and GPU count, the run with the shortest projection; speedup against the
     smallest GPU count and efficiency against ideal scaling."""
-    from trainperf.report.html import _layout_columns
-
     best: dict[tuple[str, int], tuple[dict, dict]] = {}
     for r in runs:
         p = project(r)
@@ -117,13 +116,30 @@ def projected_scaling_rows(runs: list[dict]) -> list[dict]:
         k = (p["benchmark"], p["gpus"])
         if k not in best or p["projected_s"] < best[k][0]["projected_s"]:
             best[k] = (p, r)
-    rows = []
-    for bench in sorted({b for b, _ in best}):
-        sizes = sorted(n for b, n in best if b == bench)
-        base_n, base_t = sizes[0], best[(bench, sizes[0])][0]["projected_s"]
-        for n in sizes:
-            p, r = best[(bench, n)]
-            speedup = base_t / p["projected_s"]
-            rows.append({**p, "layout": r["layout"], **_layout_columns(r), "speedup": speedup,
-                         "efficiency": speedup / (n / base_n)})
+    rows = [{**p, "layout": r["layout"], **layout_columns(r)} for _, (p, r) in sorted(best.items())]
+    return with_speedup(rows, "benchmark", "projected_s")
+
+
+def with_speedup(rows: list[dict], group: str, time_key: str) -> list[dict]:
+    """Add to rows (one per group and GPU count) the speedup against the group's smallest GPU count
+    and the efficiency against ideal (linear) scaling."""
+    base: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["gpus"]):
+        base.setdefault(r[group], r)
+    for r in rows:
+        b = base[r[group]]
+        r["speedup"] = b[time_key] / r[time_key]
+        r["efficiency"] = r["speedup"] / (r["gpus"] / b["gpus"])
     return rows
+
+
+def layout_columns(run: dict) -> dict:
+    """DP, TP, PP, CP, SP, GBS, MBS of a stored run (from its spec), for the operators' scaling table."""
+    try:
+        spec = json.loads(run.get("spec_json") or "{}")
+    except ValueError:
+        spec = {}
+    p, t = spec.get("parallel", {}), spec.get("train", {})
+    dp = (p.get("dp_replicate") or 1) * (p.get("dp_shard") or 1) if p.get("dp_shard", -1) > 0 else None
+    return {"dp": dp, "tp": p.get("tp"), "pp": p.get("pp"), "cp": p.get("cp"), "sp": p.get("sp"),
+            "gbs": t.get("global_batch_size"), "mbs": t.get("micro_batch_size")}

@@ -43,20 +43,28 @@ class StepClock:
             self._times.append(time.perf_counter() - self._open)
         self._open = None
 
+    def _read_oldest(self) -> None:
+        start, end = self._pending.pop(0)
+        end.synchronize()  # returns at once for a finished step; later steps stay queued
+        self._times.append(start.elapsed_time(end) / 1e3)
+
     def completed(self) -> int:
         """Steps the GPU has finished, asked without waiting (event queries)."""
         while self._pending and self._pending[0][1].query():
-            start, end = self._pending.pop(0)
-            self._times.append(start.elapsed_time(end) / 1e3)
+            self._read_oldest()
         return len(self._times)
 
+    def time_of(self, step: int) -> float:
+        """Seconds of loop step ``step`` (1-based), waiting for that step only."""
+        while len(self._times) < step:
+            self._read_oldest()
+        return self._times[step - 1]
+
     def times(self, upto: int | None = None) -> list[float]:
-        """Seconds of every stopped step (or of the first ``upto``), reading the events it needs."""
+        """Seconds of every stopped step (or of the first ``upto``)."""
         need = len(self._times) + len(self._pending) if upto is None else upto
         while len(self._times) < need and self._pending:
-            start, end = self._pending.pop(0)
-            end.synchronize()  # this step only: later steps stay queued
-            self._times.append(start.elapsed_time(end) / 1e3)
+            self._read_oldest()
         return self._times[:need]
 
 

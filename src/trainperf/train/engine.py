@@ -18,8 +18,8 @@ from torch import nn
 from trainperf.model import checkpoint as ckpt
 from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.lora import apply_lora, is_adapter_param
-from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline, stages_per_rank
-from trainperf.specs import RunSpec, grad_accum_steps
+from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline
+from trainperf.specs import RunSpec, grad_accum_steps, stages_per_rank
 from trainperf.train.loss import masked_loss_sum, row_loss_sums, shift_targets
 
 

@@ -339,7 +339,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                                                  spec.workload)
 
     def emit(rec: dict) -> None:
-        step_time = clock.times(rec["step"])[rec["step"] - 1]
+        step_time = clock.time_of(rec["step"])
         loss_val = rec["loss"] / p.tp  # shares add up over dp, cp and pp; tp ranks hold copies
         ctx.steps.append({"step": rec["step"], "samples": rec["samples"], "loss": loss_val, "lr": rec["lr"],
                           "grad_norm": rec["grad_norm"], "step_time_s": step_time,
@@ -377,7 +377,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         if rank == 0:
             write_progress(ctx.out_dir, step)
             if metrics_server.enabled and step > 1:  # the previous step, whose time is known without waiting
-                last = clock.times(step - 1)[-1]
+                last = clock.time_of(step - 1)
                 tps_gpu = tokens_per_step / last / world
                 metrics_server.update(step - 1, last, tps_gpu, metrics.mfu(flops_per_token, tps_gpu, peak),
                                       _peak_mem_gib(device_type))
