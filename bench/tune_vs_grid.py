@@ -5,7 +5,7 @@ Three phases, each resumable through one state file (so a device call that runs 
 nothing; run the same phase again and it carries on):
 
     python bench/tune_vs_grid.py grid  --state S.json [--gpus 2] [--grid-steps 10] [--deadline-s 560]
-    python bench/tune_vs_grid.py tune  --state S.json [--gpus 2]
+    python bench/tune_vs_grid.py tune  --state S.json [--gpus 2] [--budget-minutes 30]
     python bench/tune_vs_grid.py score --state S.json
 
 ``grid`` runs every layout `trainperf plan` enumerates as fitting (plus the workload's default layout,
@@ -91,7 +91,7 @@ def phase_grid(args, extra: list[str]) -> None:
 def phase_tune(args, extra: list[str]) -> None:
     state = load(args.state)
     cmd = [sys.executable, "-m", "trainperf", "tune", WORKLOAD, "--gpus", str(args.gpus), "--json", "--db", args.db,
-           "--out", args.out, *[x for s in extra for x in ("--set", s)]]
+           "--out", args.out, "--budget-minutes", str(args.budget_minutes), *[x for s in extra for x in ("--set", s)]]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -158,6 +158,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--grid-steps", type=int, default=10)
     ap.add_argument("--deadline-s", type=float, default=560, help="start no grid trial after this many seconds")
+    ap.add_argument("--budget-minutes", type=float, default=30, help="tune's own --budget-minutes")
     ap.add_argument("--trial-timeout-s", type=float, default=180)
     ap.add_argument("--db", default="bench_runs/tune_vs_grid.db")
     ap.add_argument("--out", default="bench_runs/tune_vs_grid")
