@@ -52,6 +52,20 @@ def layer_params(spec: RunSpec) -> float:
     return (sum(lin.values()) - lin["lm_head"]) / m.num_layers + 2 * m.hidden_size
 
 
+def fp8_cast_elements(spec: RunSpec, tokens: float, t: int) -> float:
+    """Elements cast to float8 per layer per micro-batch (one TP shard) under hardware.fp8: every
+    projection's input and weight for the forward, its output gradient and weight again for the input
+    gradient (torchao's dynamic scaling casts each operand per GEMM), and for full training the input
+    and output gradient once more for the weight-gradient GEMM."""
+    m = spec.model
+    q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    h, inter = m.hidden_size, m.intermediate_size
+    shapes = [(h, q_out), (h, kv_out), (h, kv_out), (q_out, h), (h, inter), (h, inter), (inter, h)]
+    per_gemm = [tokens * i + tokens * o + 2 * i * o + (0 if spec.lora.enabled else tokens * (i + o))
+                for i, o in shapes]
+    return sum(per_gemm) / t
+
+
 def _lora_dropout_bytes_per_token_layer(spec: RunSpec, t: int, sp: bool) -> float:
     """LoRA with dropout saves dropout(x) (2 B) and its mask (1 B) for every adapted projection.
     Column-parallel inputs are the full (gathered) activation; row-parallel inputs are sharded."""
@@ -150,6 +164,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     t_lin = flops_lin / (peak * gpu.gemm_eff)
     if spec.hardware.fp8 != "none":  # the decoder layers' base GEMMs in float8 (LM head, adapters: bf16)
         t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - flops_layers / (peak * gpu.gemm_eff)
+        cast_bytes = gpu.fp8_cast_bytes_compiled if tr.compile else gpu.fp8_cast_bytes_eager
+        t_lin += fp8_cast_elements(spec, tokens_mb, t) * L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
     attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
     t_attn = flops_attn / (peak * attn_eff)
     t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank
@@ -239,6 +255,8 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
         per_layer += gpu.host_fsdp_s_per_layer
     if p.cp > 1:
         per_layer += gpu.host_cp_s_per_layer
+    if spec.hardware.fp8 != "none":  # torchao's float8 tensor subclass dispatches every op in Python
+        per_layer += 2 * 7 * gpu.host_fp8_s_per_gemm  # seven projections, forward + input gradient
     if p.tp > 1:
         per_layer *= gpu.host_tp_factor
     if tr.compile:

@@ -26,10 +26,16 @@ class GPU:
     intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
-    # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak reached including the
-    # per-GEMM casts. Assumed, not yet measured end to end: the plain fp8 GEMM reaches 0.73 (1,437 of
-    # 1,979 TFLOP/s, preflight on H200) and the casts are memory-bound passes over both operands.
+    # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach
+    # (the plain fp8 GEMM: 0.73, 1,437 of 1,979 TFLOP/s, preflight on H200); assumed.
     fp8_gemm_eff: float = 0.55
+    # ... and what the casts cost: effective HBM bytes per element cast (fp8_cast_elements). Eager is
+    # fitted to the 7B-shape LoRA on one H200 (seq 8192, GBS 4: 2.72 s bf16 -> 4.12 s fp8, measured
+    # 2026-11-30; docs/PERFORMANCE.md): far above the ~25 B of abs, amax, fp32 scale-multiply, clamp
+    # and cast as separate kernels, so more than the casts is slow there (a profile would say what).
+    # Compiled: one fused read for the amax, one read and a 1-byte write for the cast; assumed.
+    fp8_cast_bytes_eager: float = 50.0
+    fp8_cast_bytes_compiled: float = 5.0
     attn_eff: float = 0.29  # H200: SDPA flash fwd+bwd 286 of 989 at seq 8192 (measured)
     # Eager non-GEMM work (norms, RoPE, SiLU, casts, dropout, residuals), seconds per token per layer
     # per unit of hidden size; fitted to the 7B-shape LoRA step on one H200 (0.708 s at seq 8192).
@@ -65,6 +71,10 @@ class GPU:
     # optimizer step); the step is the k-norm of the two, k -> infinity being the plain max. Fitted with
     # the host constants above.
     host_gpu_overlap_k: float = 6.0
+    # eager float8: host seconds per float8 GEMM (its casts and torchao's tensor-subclass dispatch);
+    # fitted to a host-bound small shape (hidden 1024, 8 layers, seq 2048) on one H200: 0.222 s bf16
+    # -> 0.453 s fp8, measured 2026-11-30 (tests/test_gpu.py's fp8 test)
+    host_fp8_s_per_gemm: float = 0.52e-3
     host_compile_factor: float = 0.3  # assumed: compiled layers launch a few fused kernels (not fitted)
 
 
