@@ -16,6 +16,36 @@ from trainperf.model.float8 import frozen_linear
 from trainperf.specs import LoRASpec
 
 
+def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout on the adapter's input. On a DTensor (tensor parallel) it is a mask multiply: the
+    gradient that reaches a replicated input there is a partial sum, which DTensor carries through a
+    multiply but not through CUDA's fused dropout backward (``native_dropout_backward``, a plain
+    pointwise op to DTensor) -- that would all-reduce a full activation per adapter per micro-batch,
+    which the 2 x H200 TP2+SP trace showed (docs/OBSERVABILITY.md). Same distribution as F.dropout."""
+    if not training or p == 0:
+        return x
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):
+        keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+        if x.device_mesh.device_type != "cuda":
+            _same_draw_on_replicated_dims(keep)
+        return x * keep * (1.0 / (1.0 - p))
+    return F.dropout(x, p, True)
+
+
+def _same_draw_on_replicated_dims(t) -> None:
+    """DTensor keeps a random op's result identical across a replicated mesh dimension only on CUDA
+    (its RNG tracker); elsewhere (gloo on CPU) every rank draws its own and the "replicated" tensor
+    silently diverges. Give every rank of each replicated dimension its first rank's draw."""
+    import torch.distributed as dist
+
+    local = t.to_local()
+    for dim, placement in enumerate(t.placements):
+        if placement.is_replicate():
+            dist.broadcast(local.view(torch.uint8), group=t.device_mesh.get_group(dim), group_src=0)
+
+
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
         super().__init__()
@@ -26,12 +56,13 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Linear(self.in_features, rank, bias=False, device=device)
         self.lora_B = nn.Linear(rank, self.out_features, bias=False, device=device)
         nn.init.zeros_(self.lora_B.weight)  # PEFT's init: the adapter starts as a no-op
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.dropout = dropout
         self.scaling = alpha / rank
         self._float8 = None  # (mm config, torchao config) once hardware.fp8 is applied (model/float8.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return frozen_linear(x, self.weight, self._float8) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        dropped = lora_dropout(x, self.dropout, self.training)
+        return frozen_linear(x, self.weight, self._float8) + self.lora_B(self.lora_A(dropped)) * self.scaling
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:
