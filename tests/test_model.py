@@ -485,6 +485,29 @@ def test_frozen_float8_matmul_is_torchaos_forward_and_input_gradient_without_the
         assert weight.grad is None and ref[0].weight.grad is not None  # torchao computes it; we do not
 
 
+def test_frozen_float8_matmul_compiles_in_one_graph_and_matches_eager():
+    """train.compile=true with hardware.fp8: the frozen-base float8 matmul (an autograd.Function over
+    torchao's tensor subclass) traces into one graph (fullgraph: a graph break would raise) and gives
+    eager's forward and input gradient -- the compiled float8 path the planner credits."""
+    pytest.importorskip("torchao")
+    from trainperf.model.float8 import float8_config, frozen_linear, linear_mm_config
+
+    torch.manual_seed(0)
+    config = float8_config("tensorwise")
+    f8 = (linear_mm_config(config), config)
+    weight = torch.randn(96, 64)
+    x = torch.randn(2, 48, 64, requires_grad=True)
+    x_c = x.detach().clone().requires_grad_(True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: frozen_linear(a, weight, f8).relu(), fullgraph=True)
+    y, y_c = frozen_linear(x, weight, f8).relu(), compiled(x_c)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_c.backward(g)
+    assert torch.allclose(y, y_c, rtol=1e-3, atol=1e-3) and torch.allclose(x.grad, x_c.grad, rtol=1e-3, atol=1e-3)
+    assert (y - (x.detach() @ weight.t()).relu()).abs().max() > 0  # float8 rounding: not the plain matmul
+
+
 def test_float8_full_training_swaps_the_decoder_linears_only():
     """hardware.fp8 without LoRA: torchao's Float8Linear in the decoder layers (weights train in float8
     GEMMs), the LM head and embedding untouched; a step's loss and gradients stay close to bf16's."""

@@ -256,7 +256,8 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
     if p.cp > 1:
         per_layer += gpu.host_cp_s_per_layer
     if spec.hardware.fp8 != "none":  # torchao's float8 tensor subclass dispatches every op in Python
-        per_layer += 2 * 7 * gpu.host_fp8_s_per_gemm  # seven projections, forward + input gradient
+        gemms = 2 if spec.lora.enabled else 3  # forward, input gradient (+ weight gradient)
+        per_layer += gemms * 7 * gpu.host_fp8_s_per_gemm  # seven projections
     if p.tp > 1:
         per_layer *= gpu.host_tp_factor
     if tr.compile:
