@@ -255,10 +255,21 @@ def test_time_to_train_counts_the_evals_on_the_way():
     assert 0 < est.eval_seconds_per_row < est.step_time_s / 4  # a forward is cheaper than a training sample
 
 
-def test_full_training_peak_includes_the_adamw_step_temporaries():
-    full = estimate(spec_for("lora.rank=0", "data.seq_len=4096", "train.recompute=full", "parallel.dp_shard=2",
-                             "hardware.frozen_dtype=auto"), PRESETS["h200"], 8)
-    assert full.memory["optimizer_step_transient"] > 8 * 2**30  # ~4 B per local parameter, beyond activations
+def test_full_training_peak_has_the_accumulated_grads_or_the_adamw_step_temporaries():
+    """FSDP2 over 2 GPUs, 7B full training. One micro-batch: gradients are reduce-scattered at once,
+    and the peak is the optimizer step's (sharded grads + foreach temporaries, ~4 B per local
+    parameter each). Two micro-batches: the first runs without gradient sync, so every rank holds the
+    whole unsharded fp32 gradient until the last one reduce-scatters it -- the backward sets the peak."""
+    from trainperf.plan.costs import layer_params
+
+    common = ["lora.rank=0", "data.seq_len=4096", "train.recompute=full", "parallel.dp_shard=2"]
+    one = estimate(spec_for(*common, "train.global_batch_size=2"), PRESETS["h200"], 8)
+    two = estimate(spec_for(*common, "train.global_batch_size=4"), PRESETS["h200"], 8)
+    assert one.memory["optimizer_step_transient"] > 8 * 2**30
+    assert two.memory["grads_fp32"] == pytest.approx(2 * one.memory["grads_fp32"])  # unsharded: both halves
+    assert two.memory["optimizer_step_transient"] == 0
+    assert two.allocated_gib > one.allocated_gib
+    assert one.memory["grads_fp32"] > 4 * 32 * layer_params(spec_for()) / 2 * 0.99  # 4 B x half the params
     lora = estimate(spec_for("parallel.dp_shard=1"), PRESETS["h200"], 8)
     assert lora.memory["activations"] > 0 and lora.memory["optimizer_step_transient"] == 0  # adapters are tiny: activations dominate
 
@@ -340,7 +351,7 @@ def test_out_of_sample_accuracy_does_not_regress():
         predicted_tps.append(est.tokens_per_s_per_gpu)
         assert est.fits, f"{name} ran on an H200 but is predicted not to fit"
     assert statistics.median(step_err) < 0.075 and max(step_err) < 0.17
-    assert statistics.median(mem_err) < 0.035 and max(mem_err) < 0.15
+    assert statistics.median(mem_err) < 0.031 and max(mem_err) < 0.15
     assert spearman(measured_tps, predicted_tps) >= 0.95
 
 
