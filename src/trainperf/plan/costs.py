@@ -66,37 +66,61 @@ def fp8_cast_elements(spec: RunSpec, tokens: float, t: int) -> float:
     return sum(per_gemm) / t
 
 
-def _lora_dropout_bytes_per_token_layer(spec: RunSpec, t: int, sp: bool) -> float:
-    """LoRA with dropout saves dropout(x) (2 B) and its mask (1 B) for every adapted projection.
-    Column-parallel inputs are the full (gathered) activation; row-parallel inputs are sharded."""
-    lo, m = spec.lora, spec.model
-    if not lo.enabled or lo.dropout == 0:
-        return 0.0
-    q_out = m.num_heads * m.head_dim
-    inputs = {"q_proj": (m.hidden_size, 1), "k_proj": (m.hidden_size, 1), "v_proj": (m.hidden_size, 1),
-              "qkv_proj": (m.hidden_size, 1), "o_proj": (q_out, t), "gate_proj": (m.hidden_size, 1),
-              "up_proj": (m.hidden_size, 1), "down_proj": (m.intermediate_size, t)}
-    return sum(3.0 * inputs[name][0] / inputs[name][1] for name in lo.target_modules)
+# LoRA target -> (input width, output width, column-parallel?) of the projection, in model dims
+def _projections(m) -> dict[str, tuple[int, int, bool]]:
+    q_out, kv_out, h, f = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size, m.intermediate_size
+    return {"q_proj": (h, q_out, True), "k_proj": (h, kv_out, True), "v_proj": (h, kv_out, True),
+            "qkv_proj": (h, q_out + 2 * kv_out, True), "o_proj": (q_out, h, False),
+            "gate_proj": (h, f, True), "up_proj": (h, f, True), "down_proj": (f, h, False)}
 
 
-def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None) -> float:
-    """Saved activations per token per layer, bf16, flash attention (no S^2 term).
-    Llama adaptation of Korthikanti et al. 2022 (arXiv 2205.05198, Table 2), planner_anchors 2.4:
-    A_tok = 2(6h + 2h_kv + 3F); TP without SP keeps the 4h norm tensors whole; with SP all / t.
-    selective (recompute pointwise ops): norm outputs and SiLU(g)*u are recomputed, the o/down
-    projection outputs are kept -> 2(6h + 2h_kv + 2F). full: the layer input only, 2h (/t with SP)."""
-    m, p = spec.model, spec.parallel
-    h, h_kv, f = m.hidden_size, m.num_kv_heads * m.head_dim, m.intermediate_size
+def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None, mask_bytes: float = 1.0) -> float:
+    """Bytes one decoder layer keeps for backward, per token (bf16 activations, flash/cuDNN attention:
+    no S^2 term), tensor by tensor as this engine's layer saves them -- checked against the CPU
+    profiler's allocations in tests/test_plan.py (the Korthikanti et al. 2022 count, planner_anchors
+    2.4, misses the fp32 copies our RMSNorm keeps and what a frozen base does not save).
+
+    none: each RMSNorm keeps its fp32 input (4h; + its bf16 normalised input, 2h, when the norm weight
+    trains); attention keeps q, k, v after RoPE, its output (o_proj reads it as a view) and the
+    log-sum-exp (fp32 per head); the MLP keeps gate, SiLU(gate) and up (+ the down input when its
+    weight trains); a projection whose weight trains keeps its input (q/k/v share one, gate/up one).
+    LoRA: A's input (shared as above, or with dropout a mask -- ``mask_bytes``: 1 on GPU, 2 on CPU --
+    plus the dropped copy per adapter) and A's output (r).
+    selective (our policy: keep every matmul and attention output, recompute the pointwise ops): the
+    layer input plus every projection's output (adapters' A and B too) and attention's outputs.
+    full: the layer input.
+    Tensor parallel: heads and F are split; column-parallel inputs are kept gathered (DTensor saves
+    the replicated input), row-parallel outputs whole before their reduction; norms and the layer
+    input are split only with sequence parallel."""
+    m, p, lo = spec.model, spec.parallel, spec.lora
+    h, f, heads = m.hidden_size, m.intermediate_size, m.num_heads
+    q_out, kv_out = heads * m.head_dim, m.num_kv_heads * m.head_dim
     t, sp = p.tp, p.sp and p.tp > 1
+    seq_split = t if sp else 1  # what lives on the sequence-split residual stream
     mode = recompute or spec.train.recompute
     if mode == "full":
-        return 2.0 * h / (t if sp else 1)
-    ff = 3 * f if mode == "none" else 2 * f
-    if sp:
-        a = 2.0 * (6 * h + 2 * h_kv + ff) / t
-    else:
-        a = 2.0 * 4 * h + 2.0 * (2 * h + 2 * h_kv + ff) / t
-    return a + _lora_dropout_bytes_per_token_layer(spec, t, sp)
+        return 2.0 * h / seq_split
+    trains_base = not lo.enabled
+    targets = [name for name in lo.target_modules if name in _projections(m)] if lo.enabled else []
+    proj = _projections(m)
+    attn = (2.0 * (2 * q_out + 2 * kv_out) + 4.0 * heads) / t  # q, k, v, output (bf16) + log-sum-exp (fp32)
+    adapters_a = sum(2.0 * lo.rank for _ in targets)  # A's output, B's input (replicated: tiny)
+    if mode == "selective":
+        base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
+        adapters_b = sum(2.0 * proj[n][1] / (t if proj[n][2] else 1) for n in targets)
+        attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
+        return 2.0 * h / seq_split + base_out + attn_out + adapters_a + adapters_b
+    norms = 2 * (4.0 + (2.0 if trains_base else 0.0)) * h / seq_split
+    mlp = 2.0 * 3 * f / t + (2.0 * f / t if trains_base or ("down_proj" in targets and lo.dropout == 0) else 0.0)
+    # inputs kept for weight gradients: q/k/v's (gathered under TP) and gate/up's; o reads attention's
+    # output (already kept), down reads SiLU(gate)*up (counted in mlp)
+    attn_in = trains_base or (lo.dropout == 0 and any(n in targets for n in ("q_proj", "k_proj", "v_proj", "qkv_proj")))
+    mlp_in = trains_base or (lo.dropout == 0 and any(n in targets for n in ("gate_proj", "up_proj")))
+    inputs = 2.0 * h * (attn_in + mlp_in)
+    dropout = 0.0
+    if lo.enabled and lo.dropout > 0:  # per adapter: its mask and the dropped copy A keeps
+        dropout = sum((mask_bytes + 2.0) * proj[n][0] / (1 if proj[n][2] else t) for n in targets)
+    return norms + attn + mlp + inputs + adapters_a + dropout
 
 
 def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
