@@ -390,6 +390,19 @@ OUT_OF_SAMPLE = {
 }
 
 
+def _adapter_outputs_kept_then_gib(spec) -> float:
+    """These twelve were measured when selective recompute still kept the adapters' GEMM outputs (A's
+    r and B's projection-wide output per adapted projection); it recomputes them since the fourth
+    session, so the memory of that engine is today's prediction plus those bytes."""
+    if spec.train.recompute != "selective" or not spec.lora.enabled:
+        return 0.0
+    from trainperf.plan.costs import _projections
+
+    m, proj = spec.model, _projections(spec.model)
+    per_token = sum(2.0 * (spec.lora.rank + proj[n][1]) for n in spec.lora.target_modules)
+    return per_token * spec.train.micro_batch_size * spec.data.seq_len * m.num_layers / 2**30
+
+
 def test_out_of_sample_accuracy_does_not_regress():
     import statistics
     import sys
@@ -406,7 +419,7 @@ def test_out_of_sample_accuracy_does_not_regress():
         resolve_layout(spec, gpus)
         est = estimate(spec, PRESETS["h200"], 8)
         step_err.append(abs(est.step_time_s / step - 1))
-        mem_err.append(abs(est.allocated_gib / peak - 1))
+        mem_err.append(abs((est.allocated_gib + _adapter_outputs_kept_then_gib(spec)) / peak - 1))
         measured_tps.append(tps)
         predicted_tps.append(est.tokens_per_s_per_gpu)
         assert est.fits, f"{name} ran on an H200 but is predicted not to fit"

@@ -214,19 +214,29 @@ def apply_cp(model: nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------
 # 4. Activation checkpointing, 5. compile
 
-def _selective_policy():
-    """Save the outputs of matmuls and attention; recompute the cheap pointwise ops (norms, SiLU,
-    RoPE, residual adds) in the backward pass. Memory of pointwise activations for ~no extra FLOPs."""
+def _selective_policy(adapter_rank: int | None = None):
+    """Save the outputs of the projections and of attention; recompute the cheap pointwise ops (norms,
+    SiLU, RoPE, dropout, residual adds) in the backward pass. A LoRA adapter's GEMMs (one side is
+    the rank, ``adapter_rank``) are recomputed too: they cost ~r/h of their projection, while their
+    outputs (B's is as wide as the projection's) would cost as much memory as the projection's own."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+    save = matmuls | {torch.ops.aten._scaled_dot_product_flash_attention.default,
+                      torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                      torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+                      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def is_adapter_gemm(op, args) -> bool:
+        if adapter_rank is None or op not in matmuls:
+            return False
+        a, b = args[-2], args[-1]  # addmm(bias, a, b), mm(a, b), bmm(a, b)
+        return adapter_rank in (a.shape[-1], b.shape[-1])  # inner dim r (B) or output width r (A)
 
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+        if op in save and not is_adapter_gemm(op, args):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
 
@@ -238,7 +248,7 @@ def _recomputed_forward(layer: nn.Module, mode: str, *args):
 
     if mode == "full":
         return checkpoint(layer._forward_plain, *args, use_reentrant=False)
-    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy())
+    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy(layer._adapter_rank))
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
@@ -248,8 +258,11 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
     activations: Megatron's recompute-num-layers), -1 applies it to all."""
     if mode == "none":
         return
+    from trainperf.model.lora import LoRALinear
+
     layers = list(model.model.layers.values())
     for layer in layers if n_layers < 0 else layers[:n_layers]:
+        layer._adapter_rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
         layer._forward_plain = layer.forward
         layer.forward = partial(_recomputed_forward, layer, mode)
 

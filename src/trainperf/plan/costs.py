@@ -86,8 +86,8 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     weight trains); a projection whose weight trains keeps its input (q/k/v share one, gate/up one).
     LoRA: A's input (shared as above, or with dropout a mask -- ``mask_bytes``: 1 on GPU, 2 on CPU --
     plus the dropped copy per adapter) and A's output (r).
-    selective (our policy: keep every matmul and attention output, recompute the pointwise ops): the
-    layer input plus every projection's output (adapters' A and B too) and attention's outputs.
+    selective (our policy: keep the projections' and attention's outputs, recompute the pointwise ops
+    and the adapters' thin GEMMs): the layer input plus every base projection's output and attention's.
     full: the layer input.
     Tensor parallel: heads and F are split; column-parallel inputs are kept gathered (DTensor saves
     the replicated input), row-parallel outputs whole before their reduction; norms and the layer
@@ -107,9 +107,8 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     adapters_a = sum(2.0 * lo.rank for _ in targets)  # A's output, B's input (replicated: tiny)
     if mode == "selective":
         base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
-        adapters_b = sum(2.0 * proj[n][1] / (t if proj[n][2] else 1) for n in targets)
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
-        return 2.0 * h / seq_split + base_out + attn_out + adapters_a + adapters_b
+        return 2.0 * h / seq_split + base_out + attn_out  # adapters' GEMMs are recomputed (parallelize.py)
     norms = 2 * (4.0 + (2.0 if trains_base else 0.0)) * h / seq_split
     mlp = 2.0 * 3 * f / t + (2.0 * f / t if trains_base or ("down_proj" in targets and lo.dropout == 0) else 0.0)
     # inputs kept for weight gradients: q/k/v's (gathered under TP) and gate/up's; o reads attention's
