@@ -66,8 +66,8 @@ def fp8_cast_elements(spec: RunSpec, tokens: float, t: int) -> float:
     return sum(per_gemm) / t
 
 
-# LoRA target -> (input width, output width, column-parallel?) of the projection, in model dims
 def _projections(m) -> dict[str, tuple[int, int, bool]]:
+    """LoRA target name -> (input width, output width, column-parallel?) of that projection."""
     q_out, kv_out, h, f = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size, m.intermediate_size
     return {"q_proj": (h, q_out, True), "k_proj": (h, kv_out, True), "v_proj": (h, kv_out, True),
             "qkv_proj": (h, q_out + 2 * kv_out, True), "o_proj": (q_out, h, False),
@@ -100,16 +100,16 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     mode = recompute or spec.train.recompute
     if mode == "full":
         return 2.0 * h / seq_split
-    trains_base = not lo.enabled
-    targets = [name for name in lo.target_modules if name in _projections(m)] if lo.enabled else []
-    proj = _projections(m)
-    attn = (2.0 * (2 * q_out + 2 * kv_out) + 4.0 * heads) / t  # q, k, v, output (bf16) + log-sum-exp (fp32)
-    adapters_a = sum(2.0 * lo.rank for _ in targets)  # A's output, B's input (replicated: tiny)
     if mode == "selective":
         base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         return 2.0 * h / seq_split + base_out + attn_out  # adapters' GEMMs are recomputed (parallelize.py)
+    trains_base = not lo.enabled
+    proj = _projections(m)
+    targets = [name for name in lo.target_modules if name in proj] if lo.enabled else []
     norms = 2 * (4.0 + (2.0 if trains_base else 0.0)) * h / seq_split
+    attn = (2.0 * (2 * q_out + 2 * kv_out) + 4.0 * heads) / t  # q, k, v, output (bf16) + log-sum-exp (fp32)
+    adapters_a = 2.0 * lo.rank * len(targets)  # A's output, B's input (replicated: tiny)
     mlp = 2.0 * 3 * f / t + (2.0 * f / t if trains_base or ("down_proj" in targets and lo.dropout == 0) else 0.0)
     # inputs kept for weight gradients: q/k/v's (gathered under TP) and gate/up's; o reads attention's
     # output (already kept), down reads SiLU(gate)*up (counted in mlp)
