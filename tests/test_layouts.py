@@ -144,6 +144,7 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
     ("selective", 1, ["parallel.dp_shard=1"]),  # adapters' GEMMs recomputed, projections' outputs kept
     ("selective", 2, ["parallel.tp=2", "parallel.sp=true", "parallel.dp_shard=1"]),
     ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1"]),  # partial: the first layer only
+    ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1", "train.recompute_others=selective"]),
 ])
 def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
     run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
@@ -179,6 +180,11 @@ def test_partial_recompute_wraps_only_the_first_layers():
     apply_activation_checkpointing(model, "full", 3)
     wrapped = [hasattr(layer, "_forward_plain") for layer in model.model.layers.values()]
     assert wrapped == [True, True, True, False]
+    hybrid = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
+                                        num_kv_heads=2))
+    apply_activation_checkpointing(hybrid, "full", 1, others="selective")
+    modes = [layer.forward.args[1] for layer in hybrid.model.layers.values()]  # partial(_recomputed_forward, layer, mode)
+    assert modes == ["full", "selective", "selective", "selective"]
 
 
 def test_float8_lora_run_trains_close_to_the_reference(tmp_path, references):

@@ -535,21 +535,23 @@ def test_partial_recompute_trades_memory_for_time():
 
 
 def test_plan_offers_the_partial_recompute_that_just_fits():
-    """The 70B recipe on 2 H200s: no-recompute does not fit, full does; plan adds the variant that
-    recomputes the fewest layers and still fits, and it is faster than full."""
+    """The 70B recipe on 2 H200s: no-recompute does not fit, full does; plan adds the variants that
+    recompute the fewest layers and still fit -- the others keeping everything, or recomputing only
+    their pointwise ops (recompute_others=selective: more layers spared) -- each faster than full."""
     from trainperf.workloads import get_workload
 
     base = resolve_spec(get_workload("llama2_70b_lora").defaults(), None, ["mlperf.division=open"])
     fits, _ = plan(base, PRESETS["h200"], 2, 2, objective="throughput")
-    partial = [c for c in fits if "train.recompute_layers" in c.overrides]
-    assert partial, [c.set_line for c in fits[:3]]
-    k = partial[0].overrides["train.recompute_layers"]
-    assert 0 < k < 80 and partial[0].est.fits
-    same_full = next(c for c in fits if c.overrides == {kk: v for kk, v in partial[0].overrides.items()
-                                                        if kk != "train.recompute_layers"})
-    assert partial[0].est.step_time_s < same_full.est.step_time_s
-    one_less = _apply_k(base, partial[0].overrides, k - 1)
-    assert not estimate(one_less, PRESETS["h200"], 2).fits  # the fewest that fit
+    layout = {"parallel.cp": 1, "parallel.dp_shard": 2, "train.micro_batch_size": 1}
+    mine = [c for c in fits if all(c.overrides.get(k) == v for k, v in layout.items())]
+    full = next(c for c in mine if "train.recompute_layers" not in c.overrides and c.overrides["train.recompute"] == "full")
+    plain = next(c for c in mine if "train.recompute_layers" in c.overrides and "train.recompute_others" not in c.overrides)
+    sel = next(c for c in mine if c.overrides.get("train.recompute_others") == "selective")
+    k_plain, k_sel = plain.overrides["train.recompute_layers"], sel.overrides["train.recompute_layers"]
+    assert 0 < k_sel < k_plain < 80 and plain.est.fits and sel.est.fits
+    assert sel.est.step_time_s < plain.est.step_time_s < full.est.step_time_s
+    for c, k in ((plain, k_plain), (sel, k_sel)):
+        assert not estimate(_apply_k(base, c.overrides, k - 1), PRESETS["h200"], 2).fits  # the fewest that fit
 
 
 def _apply_k(base, overrides, k):

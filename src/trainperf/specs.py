@@ -92,6 +92,9 @@ class TrainSpec:
     # with recompute != none: how many decoder layers of each pipeline stage (its first ones) are
     # recomputed; the others keep their activations (faster, more memory). -1: every layer
     recompute_layers: int = -1
+    # the layers recompute_layers leaves out: none (keep every activation) or selective (keep the
+    # projections' outputs, recompute the pointwise ops) -- between the two in memory and time
+    recompute_others: str = "none"
     seed: int = 1234
     log_every: int = 10
     compile: bool = False
@@ -478,6 +481,11 @@ def validate(spec: RunSpec, world_size: int) -> None:
         if not 0 <= t.recompute_layers <= per_stage:
             raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or 0..{per_stage} "
                             f"(the decoder layers of one pipeline stage)")
+    if t.recompute_others not in ("none", "selective"):
+        raise SpecError(f"train.recompute_others={t.recompute_others!r}: valid values are none, selective")
+    if t.recompute_others != "none" and (t.recompute != "full" or t.recompute_layers == -1):
+        raise SpecError(f"train.recompute_others={t.recompute_others} applies to the layers train.recompute_layers "
+                        "leaves out: it needs train.recompute=full and train.recompute_layers=0..layers per stage")
     if t.lr <= 0:
         raise SpecError(f"train.lr={t.lr}: must be > 0")
     if t.max_steps < 1:

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainperf.model.float8 import apply_float8
-from trainperf.specs import ParallelSpec, stages_per_rank
+from trainperf.specs import ParallelSpec, RunSpec, stages_per_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -252,19 +252,22 @@ def _recomputed_forward(layer: nn.Module, mode: str, *args):
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1) -> None:
+def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1, others: str = "none") -> None:
     """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer);
-    ``n_layers`` >= 0 limits it to this model's (stage's) first n decoder layers (the rest keep their
-    activations: Megatron's recompute-num-layers), -1 applies it to all."""
+    ``n_layers`` >= 0 limits it to this model's (stage's) first n decoder layers (Megatron's
+    recompute-num-layers), -1 applies it to all; ``others`` (train.recompute_others) is what the
+    remaining layers get: none (keep their activations) or selective."""
     if mode == "none":
         return
     from trainperf.model.lora import LoRALinear
 
     layers = list(model.model.layers.values())
-    for layer in layers if n_layers < 0 else layers[:n_layers]:
+    chosen = layers if n_layers < 0 else layers[:n_layers]
+    rest = [] if n_layers < 0 or others == "none" else layers[n_layers:]
+    for layer, layer_mode in [(x, mode) for x in chosen] + [(x, others) for x in rest]:
         layer._adapter_rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
         layer._forward_plain = layer.forward
-        layer.forward = partial(_recomputed_forward, layer, mode)
+        layer.forward = partial(_recomputed_forward, layer, layer_mode)
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -296,17 +299,17 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def parallelize(model: nn.Module, p: ParallelSpec, mesh: DeviceMesh, recompute: str, compile_layers: bool,
-                param_dtype: torch.dtype | None, recompute_layers: int = -1, fp8: str = "none") -> None:
+def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> None:
     """Steps 2-6 on one model (or one pipeline stage) in place; float8 GEMMs (a module swap or a
     flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
-    apply_float8(model, fp8)
+    p, tr = spec.parallel, spec.train
+    apply_float8(model, spec.hardware.fp8)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:
         apply_cp(model)
-    apply_activation_checkpointing(model, recompute, recompute_layers)
-    if compile_layers:
+    apply_activation_checkpointing(model, tr.recompute, tr.recompute_layers, tr.recompute_others)
+    if tr.compile:
         apply_compile(model)
     apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
 

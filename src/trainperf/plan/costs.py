@@ -167,7 +167,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all
     share = recomputed_share(spec)
-    per_layer = share * activation_bytes_per_token_layer(spec) + (1 - share) * activation_bytes_per_token_layer(spec, "none")
+    others = tr.recompute_others  # what the layers recompute_layers leaves out get
+    per_layer = share * activation_bytes_per_token_layer(spec) + (1 - share) * activation_bytes_per_token_layer(spec, others)
     est.memory["activations"] = per_layer * tokens_mb * inflight_layers
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
@@ -203,11 +204,12 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     if tr.compile:
         t_other *= gpu.compile_other_factor
     t_recompute = 0.0
+    t_selective = t_other / 3  # the pointwise ops again
     if tr.recompute == "full":  # the forward again: half the frozen-base GEMMs (1/3 if full training)
         t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
     elif tr.recompute == "selective":
-        t_recompute = t_other / 3
-    t_recompute *= share
+        t_recompute = t_selective
+    t_recompute = share * t_recompute + (1 - share) * (t_selective if others == "selective" else 0.0)
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
@@ -280,8 +282,10 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
     """CPU time to issue one step's layer executions (micro-batches x layers on this rank)."""
     lo, tr, p = spec.lora, spec.train, spec.parallel
     per_layer = gpu.host_s_per_layer + (gpu.host_s_per_lora_target * len(lo.target_modules) if lo.enabled else 0.0)
-    per_layer += recomputed_share(spec) * {
-        "selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
+    share = recomputed_share(spec)
+    per_layer += share * {"selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
+    if tr.recompute_others == "selective":
+        per_layer += (1 - share) * gpu.host_selective_s_per_layer
     if p.dp_shard * p.cp > 1:  # FSDP2 wraps every layer (pre/post forward and backward hooks)
         per_layer += gpu.host_fsdp_s_per_layer
     if p.cp > 1:

@@ -165,23 +165,29 @@ def _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_ca
 
 
 def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
-    """For a full-recompute layout that fits: the variant that recomputes the fewest layers per stage
-    and still fits (train.recompute_layers) -- unless that is none or all of them."""
+    """For a full-recompute layout that fits: the variants that recompute the fewest layers per stage
+    and still fit (train.recompute_layers), the others keeping every activation or, second variant,
+    recomputing only their pointwise ops (train.recompute_others=selective) -- a variant is dropped
+    when its fewest is every layer (no gain), or zero with nothing else (already a candidate)."""
     if spec.train.recompute != "full" or not est.fits:
         return []
     per_stage = layers_per_stage(spec)
-    lo, hi = 0, per_stage  # hi fits (every layer recomputed): find the smallest k that fits
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if estimate(_apply(base, overrides | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
-            hi = mid
-        else:
-            lo = mid + 1
-    if lo in (0, per_stage):
-        return []  # no recompute fits too (a candidate already), or no layer can be spared
-    o = overrides | {"train.recompute_layers": lo}
-    s = _apply(base, o)
-    return [(o, s, estimate(s, gpu, gpus_per_node))]
+    out = []
+    for others in ("none", "selective"):
+        extra = {} if others == "none" else {"train.recompute_others": "selective"}
+        lo, hi = 0, per_stage  # hi fits (every layer recomputed): find the smallest k that fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if estimate(_apply(base, overrides | extra | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == per_stage or (lo == 0 and others == "none"):
+            continue
+        o = overrides | extra | {"train.recompute_layers": lo}
+        s = _apply(base, o)
+        out.append((o, s, estimate(s, gpu, gpus_per_node)))
+    return out
 
 
 def explain(winner: Candidate, loser: Candidate) -> str:

@@ -76,8 +76,7 @@ class Engine:
         else:
             self.parts = [(0, model)]
         for _, part in self.parts:
-            parallelize(part, p, mesh, spec.train.recompute, spec.train.compile, param_dtype,
-                        spec.train.recompute_layers, spec.hardware.fp8)
+            parallelize(part, spec, mesh, param_dtype)
             _materialise(part, spec, device)
         self.load_s, self.load_bytes = 0.0, 0
         if spec.model.path:  # untimed: before run_start
