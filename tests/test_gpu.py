@@ -122,12 +122,16 @@ def test_fp8_lora_on_gpu_trains_close_to_bf16(tmp_path):
 
 
 def test_partial_recompute_sits_between_none_and_full_on_gpu(tmp_path):
-    """train.recompute_layers=4 of 8: peak memory between no recompute and full, same losses."""
+    """train.recompute_layers=4 of 8: peak memory between no recompute and full, same losses; with the
+    other 4 layers selective (recompute_others) less memory than with them plain, same losses."""
     res = {}
-    for name, extra in (("none", []), ("full", ["--set", "train.recompute=full"]),
-                        ("half", ["--set", "train.recompute=full", "--set", "train.recompute_layers=4"])):
+    half = ["--set", "train.recompute=full", "--set", "train.recompute_layers=4"]
+    for name, extra in (("none", []), ("full", ["--set", "train.recompute=full"]), ("half", half),
+                        ("half_sel", [*half, "--set", "train.recompute_others=selective"])):
         out, s = run(tmp_path, "run", "synthetic-lora", *SMALL_7B_LIKE, *extra, "--set", "lora.dropout=0")
         assert s.get("losses"), out.stderr[-2000:]
         res[name] = s
     assert res["full"]["peak_mem_gib"] < res["half"]["peak_mem_gib"] < res["none"]["peak_mem_gib"]
+    assert res["full"]["peak_mem_gib"] < res["half_sel"]["peak_mem_gib"] < res["half"]["peak_mem_gib"]
     assert res["half"]["losses"] == pytest.approx(res["none"]["losses"], rel=1e-3)
+    assert res["half_sel"]["losses"] == pytest.approx(res["none"]["losses"], rel=1e-3)
