@@ -153,8 +153,7 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     # gradient, up-cast to the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed), until the
     # last micro-batch reduce-scatters it: with more than one micro-batch the backward holds the full
     # local (TP-sharded) set, not the FSDP shard. Measured: 8B pretraining, 7B full training, FSDP2 x 2.
-    grads_sharded = 4.0 * psi_train / (t * d)
-    est.memory["grads_fp32"] = 4.0 * psi_train / t if mb > 1 and d > 1 else grads_sharded
+    est.memory["grads_fp32"] = 4.0 * psi_train / (t if mb > 1 else t * d)
     est.memory["grads_bf16_unsharded"] = 0.0 if lo.enabled else 2.0 * 2 * p_layer / t
     est.memory["optimizer_adamw_fp32"] = 8.0 * psi_train / (t * d)
     # in-flight micro-batches on the worst (first) stage: Narayanan et al. 2021 / Megatron
@@ -175,13 +174,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     chunk = tr.loss_chunk_tokens
     est.memory["logits_and_loss"] = 10.0 * (min(tokens_mb, chunk) if chunk > 0 else tokens_mb) * V / t
-    # torch.optim.AdamW(foreach=True) allocates sqrt(exp_avg_sq) for every local trainable parameter
-    # (4 B each) during the step, after backward has freed the activations and the gradients are back
-    # to their shards: it raises the peak only by what the step's set (sharded gradients + temporaries)
-    # exceeds the backward's (gradients as accumulated + activations) by
-    backward_set = est.memory["grads_fp32"] + sum(
-        est.memory.get(k, 0.0) for k in ("activations", "recompute_transient", "logits_and_loss"))
-    est.memory["optimizer_step_transient"] = max(0.0, grads_sharded + 4.0 * psi_train / (t * d) - backward_set)
+    # the optimizer step (torch.optim.AdamW(fused=True), train/loop.py) updates in place: no
+    # temporaries (foreach would allocate sqrt(exp_avg_sq), 4 B per local trainable parameter)
 
     # ---- compute time per micro-batch per pipeline stage (seconds)
     # the slowest stage is the last: its layers plus the LM head (the embedding is a lookup)
@@ -248,7 +242,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         pp_bytes = 2 * mb * v * b * (S / c) * h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
         t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
-    t_opt = 16.0 * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)  # AdamW: memory-bound over local shards
+    # fused AdamW reads param, grad, exp_avg, exp_avg_sq and writes three of them back: 28 B per local
+    # fp32 parameter, memory-bound
+    t_opt = 28.0 * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)
     est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
     # ---- the host: a step cannot be shorter than the time to issue its ops; when it is longer than
     # the GPU's work, the GPU idles for the difference (the trace shows it as idle time)

@@ -303,7 +303,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         log.event("checkpoint_load_s", round(engine.load_s, 3), gib=round(engine.load_bytes / 2**30, 3))
     trainable = engine.trainable
     opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
-                            weight_decay=t.weight_decay, foreach=True)
+                            weight_decay=t.weight_decay, fused=True)
     pp_group = mesh["pp"].get_group() if p.pp > 1 else None
     dp_rank = mesh["dp"].get_local_rank()
     untimed_warmup(engine, spec, t.untimed_warmup_steps)
