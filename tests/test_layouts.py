@@ -141,9 +141,9 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
 
 @pytest.mark.parametrize("recompute, nproc, layout", [
     ("full", 1, ["parallel.dp_shard=1"]),
-    ("selective", 1, ["parallel.dp_shard=1"]),  # adapters' GEMMs recomputed, projections' outputs kept
     ("selective", 2, ["parallel.tp=2", "parallel.sp=true", "parallel.dp_shard=1"]),
     ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1"]),  # partial: the first layer only
+    # the first layer full, the other selective (adapters' GEMMs recomputed, projections' outputs kept)
     ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1", "train.recompute_others=selective"]),
 ])
 def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
