@@ -20,10 +20,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def float8_config(recipe: str):
+def float8_config(recipe: str, emulate: bool = False):
+    """torchao's config for a recipe; ``emulate`` (a CPU run: no float8 GEMM hardware, and CPU's
+    ``_scaled_mm`` is a reference loop, ~1000x slower) multiplies the float8-rounded operands in high
+    precision instead -- the same values up to accumulation order."""
+    import dataclasses
+
     from torchao.float8 import Float8LinearConfig
 
-    return Float8LinearConfig.from_recipe_name(recipe)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return dataclasses.replace(config, emulate=True) if emulate else config
 
 
 def linear_mm_config(config):
@@ -85,14 +91,15 @@ def _frozen_linear_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return frozen_linear(x, module.weight, module._float8)
 
 
-def apply_float8(model: nn.Module, recipe: str) -> int:
+def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
     """Float8 GEMMs in every decoder layer (the embedding and LM head stay bf16); returns how many
-    Linears were converted. Call on the meta model before tensor parallel, compile and FSDP."""
+    Linears were converted. Call on the meta model before tensor parallel, compile and FSDP.
+    ``emulate``: on CPU (see float8_config)."""
     if recipe == "none":
         return 0
     from trainperf.model.lora import LoRALinear
 
-    config = float8_config(recipe)
+    config = float8_config(recipe, emulate)
     layers = model.model.layers
     # LoRA adapters (lora_A / lora_B) train, so they are never in this list
     frozen = [m for m in layers.modules() if isinstance(m, LoRALinear)

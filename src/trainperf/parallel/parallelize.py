@@ -303,7 +303,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     """Steps 2-6 on one model (or one pipeline stage) in place; float8 GEMMs (a module swap or a
     flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
     p, tr = spec.parallel, spec.train
-    apply_float8(model, spec.hardware.fp8)
+    on_cpu = spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not torch.cuda.is_available())
+    apply_float8(model, spec.hardware.fp8, emulate=on_cpu)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:
