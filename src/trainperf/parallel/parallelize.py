@@ -241,14 +241,12 @@ def _selective_policy(adapter_rank: int | None = None):
     return policy
 
 
-def _recomputed_forward(layer: nn.Module, mode: str, *args):
-    """Run a decoder layer under torch.utils.checkpoint. Patching ``forward`` keeps parameter names
-    unchanged (``checkpoint_wrapper`` would insert ``_checkpoint_wrapped_module`` into every name)."""
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
+    """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, built once
+    per layer). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
+    insert ``_checkpoint_wrapped_module`` into every name)."""
+    from torch.utils.checkpoint import checkpoint
 
-    if mode == "full":
-        return checkpoint(layer._forward_plain, *args, use_reentrant=False)
-    context_fn = partial(create_selective_checkpoint_contexts, _selective_policy(layer._adapter_rank))
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
@@ -259,15 +257,20 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
     remaining layers get: none (keep their activations) or selective."""
     if mode == "none":
         return
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts, noop_context_fn
+
     from trainperf.model.lora import LoRALinear
 
     layers = list(model.model.layers.values())
     chosen = layers if n_layers < 0 else layers[:n_layers]
     rest = [] if n_layers < 0 or others == "none" else layers[n_layers:]
     for layer, layer_mode in [(x, mode) for x in chosen] + [(x, others) for x in rest]:
-        layer._adapter_rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
+        context_fn = noop_context_fn
+        if layer_mode == "selective":
+            rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
+            context_fn = partial(create_selective_checkpoint_contexts, _selective_policy(rank))
         layer._forward_plain = layer.forward
-        layer.forward = partial(_recomputed_forward, layer, layer_mode)
+        layer.forward = partial(_recomputed_forward, layer, layer_mode, context_fn)
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -303,8 +306,7 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     """Steps 2-6 on one model (or one pipeline stage) in place; float8 GEMMs (a module swap or a
     flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
     p, tr = spec.parallel, spec.train
-    on_cpu = spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not torch.cuda.is_available())
-    apply_float8(model, spec.hardware.fp8, emulate=on_cpu)
+    apply_float8(model, spec.hardware.fp8, emulate=mesh.device_type != "cuda")  # no float8 GEMMs off GPU
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:

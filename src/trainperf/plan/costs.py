@@ -57,12 +57,8 @@ def fp8_cast_elements(spec: RunSpec, tokens: float, t: int) -> float:
     projection's input and weight for the forward, its output gradient and weight again for the input
     gradient (torchao's dynamic scaling casts each operand per GEMM), and for full training the input
     and output gradient once more for the weight-gradient GEMM."""
-    m = spec.model
-    q_out, kv_out = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    h, inter = m.hidden_size, m.intermediate_size
-    shapes = [(h, q_out), (h, kv_out), (h, kv_out), (q_out, h), (h, inter), (h, inter), (inter, h)]
     per_gemm = [tokens * i + tokens * o + 2 * i * o + (0 if spec.lora.enabled else tokens * (i + o))
-                for i, o in shapes]
+                for i, o, _ in _layer_projections(spec.model)]
     return sum(per_gemm) / t
 
 
@@ -72,6 +68,11 @@ def _projections(m) -> dict[str, tuple[int, int, bool]]:
     return {"q_proj": (h, q_out, True), "k_proj": (h, kv_out, True), "v_proj": (h, kv_out, True),
             "qkv_proj": (h, q_out + 2 * kv_out, True), "o_proj": (q_out, h, False),
             "gate_proj": (h, f, True), "up_proj": (h, f, True), "down_proj": (f, h, False)}
+
+
+def _layer_projections(m) -> list[tuple[int, int, bool]]:
+    """A decoder layer's seven projections (q, k, v unfused: a fused qkv does the same GEMM work)."""
+    return [dims for name, dims in _projections(m).items() if name != "qkv_proj"]
 
 
 def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None, mask_bytes: float = 1.0) -> float:
@@ -288,7 +289,7 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
         per_layer += gpu.host_cp_s_per_layer
     if spec.hardware.fp8 != "none":  # torchao's float8 tensor subclass dispatches every op in Python
         gemms = 2 if spec.lora.enabled else 3  # forward, input gradient (+ weight gradient)
-        per_layer += gemms * 7 * gpu.host_fp8_s_per_gemm  # seven projections
+        per_layer += gemms * len(_layer_projections(spec.model)) * gpu.host_fp8_s_per_gemm
     if p.tp > 1:
         per_layer *= gpu.host_tp_factor
     if tr.compile:

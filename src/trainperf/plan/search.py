@@ -174,20 +174,25 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
     per_stage = layers_per_stage(spec)
     out = []
     for others in ("none", "selective"):
-        extra = {} if others == "none" else {"train.recompute_others": "selective"}
-        lo, hi = 0, per_stage  # hi fits (every layer recomputed): find the smallest k that fits
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if estimate(_apply(base, overrides | extra | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
-                hi = mid
-            else:
-                lo = mid + 1
-        if lo == per_stage or (lo == 0 and others == "none"):
+        o = overrides | ({} if others == "none" else {"train.recompute_others": "selective"})
+        k = _fewest_recomputed_layers(base, o, per_stage, gpu, gpus_per_node)
+        if k == per_stage or (k == 0 and others == "none"):
             continue
-        o = overrides | extra | {"train.recompute_layers": lo}
-        s = _apply(base, o)
-        out.append((o, s, estimate(s, gpu, gpus_per_node)))
+        s = _apply(base, o | {"train.recompute_layers": k})
+        out.append((o | {"train.recompute_layers": k}, s, estimate(s, gpu, gpus_per_node)))
     return out
+
+
+def _fewest_recomputed_layers(base, overrides, per_stage, gpu, gpus_per_node) -> int:
+    """Binary search for the smallest train.recompute_layers that fits (every layer recomputed fits)."""
+    lo, hi = 0, per_stage
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if estimate(_apply(base, overrides | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def explain(winner: Candidate, loser: Candidate) -> str:
