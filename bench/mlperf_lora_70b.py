@@ -55,7 +55,7 @@ def main() -> int:
               "samples_per_s": samples_per_s, "samples_per_s_per_gpu": per_gpu, "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"],
               "mfu": s["mfu"], "peak_mem_gib": s["peak_mem_gib"], "eval_pass_s": evals,
               "nvidia_8xh200_samples_per_s_per_gpu": nvidia_per_gpu, "ratio_to_nvidia_per_gpu": per_gpu / nvidia_per_gpu,
-              "status": s["status"], "run_id": s["run_id"]}
+              "predicted": s.get("predicted"), "status": s["status"], "run_id": s["run_id"]}
     print(json.dumps(result, indent=2))
     return 0
 

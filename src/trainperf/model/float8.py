@@ -13,7 +13,6 @@ The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -87,8 +86,13 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, float8) -> torch.Tensor
     return FrozenFloat8Matmul.apply(x, weight, *float8)
 
 
-def _frozen_linear_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return frozen_linear(x, module.weight, module._float8)
+class FrozenFloat8Linear(nn.Linear):
+    """A frozen nn.Linear whose GEMM runs in float8 (``_float8`` = (mm config, config)). Swapped in by
+    class, not by a per-instance ``forward``: compiled layers would guard on each instance's forward
+    and recompile per layer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return frozen_linear(x, self.weight, self._float8)
 
 
 def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
@@ -109,7 +113,7 @@ def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
         for m in frozen:
             m._float8 = (mm, config)
             if not isinstance(m, LoRALinear):
-                m.forward = partial(_frozen_linear_forward, m)
+                m.__class__ = FrozenFloat8Linear
         return len(frozen)
     from torchao.float8 import convert_to_float8_training
 

@@ -247,6 +247,8 @@ def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
     insert ``_checkpoint_wrapped_module`` into every name)."""
     from torch.utils.checkpoint import checkpoint
 
+    if context_fn is None:  # full: checkpoint's default (dynamo cannot inline torch's own noop_context_fn)
+        return checkpoint(layer._forward_plain, *args, use_reentrant=False)
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
@@ -257,26 +259,39 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
     remaining layers get: none (keep their activations) or selective."""
     if mode == "none":
         return
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts, noop_context_fn
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     from trainperf.model.lora import LoRALinear
+
+    def selective_context_fn(adapter_rank):
+        policy = _selective_policy(adapter_rank)
+
+        # a plain function, not a functools.partial: dynamo inlines checkpoint only with a user
+        # function (or a partial of one) as context_fn
+        def context_fn():
+            return create_selective_checkpoint_contexts(policy)
+        return context_fn
 
     layers = list(model.model.layers.values())
     chosen = layers if n_layers < 0 else layers[:n_layers]
     rest = [] if n_layers < 0 or others == "none" else layers[n_layers:]
+    # one context_fn per adapter rank, shared by the layers: compiled layers guard on its identity,
+    # so one per layer would recompile each layer (and fail at dynamo's recompile limit)
+    shared: dict[int | None, object] = {}
     for layer, layer_mode in [(x, mode) for x in chosen] + [(x, others) for x in rest]:
-        context_fn = noop_context_fn
+        context_fn = None
         if layer_mode == "selective":
             rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
-            context_fn = partial(create_selective_checkpoint_contexts, _selective_policy(rank))
+            context_fn = shared.setdefault(rank, selective_context_fn(rank))
         layer._forward_plain = layer.forward
         layer.forward = partial(_recomputed_forward, layer, layer_mode, context_fn)
 
 
-def apply_compile(model: nn.Module) -> None:
-    """Compile each decoder layer separately (fast compile, reused across identical layers)."""
+def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
+    """Compile each decoder layer separately (fast compile, reused across identical layers: nothing
+    a layer's graph guards on may differ per layer). ``backend``: tests capture with aot_eager."""
     for layer in model.model.layers.values():
-        layer.forward = torch.compile(layer.forward, fullgraph=True)
+        layer.forward = torch.compile(layer.forward, fullgraph=True, backend=backend)
 
 
 # ---------------------------------------------------------------------------------------------
