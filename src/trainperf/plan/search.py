@@ -12,6 +12,26 @@ from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
 from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, layers_per_stage, validate_layout
 
+# `plan`'s and `tune`'s default --memory-headroom: a layout is ranked only if its predicted reserved
+# memory is at most (1 - headroom) x the GPU's. The allocated-memory prediction was measured up to
+# 8.8% low (8B LoRA TP2+SP on H200; PP2 GPipe 6.3%, FSDP2 4.7%); covering 8.8% on top of the modelled
+# fragmentation and context takes (1 - 2/139) / 1.088 + 2/139 = 0.92 of an H200's 139 GiB: 0.08.
+# plan() itself defaults to 0 (the fit costs.estimate decides), as `run`'s pre-launch check does.
+DEFAULT_MEMORY_HEADROOM = 0.08
+
+
+def check_headroom(headroom: float) -> float:
+    """SpecError (one line) unless 0 <= headroom < 0.5."""
+    if not 0.0 <= headroom < 0.5:  # NaN fails too
+        raise SpecError(f"--memory-headroom {headroom}: must be a fraction of GPU memory in [0, 0.5), "
+                        f"e.g. {DEFAULT_MEMORY_HEADROOM} (the default) or 0 (rank up to the full capacity)")
+    return headroom
+
+
+def fits_within(est: Estimate, gpu: GPU, headroom: float = 0.0) -> bool:
+    """The layout fits with ``headroom`` (a fraction of the GPU's memory) to spare; 0: costs' own fit."""
+    return est.fits and (headroom <= 0 or est.reserved_gib <= (1 - headroom) * gpu.hbm_gib)
+
 
 @dataclass
 class Candidate:
@@ -112,9 +132,13 @@ def rcp_batch_sizes(spec: RunSpec) -> list[int]:
 
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
-         objective: str = "time", gbs_values: list[int] | None = None) -> tuple[list[Candidate], list[Candidate]]:
+         objective: str = "time", gbs_values: list[int] | None = None,
+         headroom: float = 0.0) -> tuple[list[Candidate], list[Candidate]]:
     """(fitting candidates ranked best first, candidates that do not fit). ``gbs_values``: search the
-    global batch size too (samples to converge then come from the RCPs at each GBS)."""
+    global batch size too (samples to converge then come from the RCPs at each GBS). ``headroom``: a
+    fraction of the GPU's memory a layout must leave free to fit (those that fit only without it land
+    among the second list, their ``est.fits`` still true)."""
+    check_headroom(headroom)
     if gpus < 1 or gpus_per_node < 1:
         raise SpecError("--gpus and --gpus-per-node must be >= 1")
     if gpus > gpus_per_node and gpus % gpus_per_node:
@@ -133,8 +157,9 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
             continue
         est = estimate(spec, gpu, gpus_per_node)
         for overrides, spec, est in [(overrides, spec, est), *_partial_recompute(base, overrides, spec, est, gpu,
-                                                                                  gpus_per_node)]:
-            _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_cache)
+                                                                                  gpus_per_node, headroom)]:
+            _rank_one(overrides, spec, est, fits_within(est, gpu, headroom), fits, oom, fixed_samples, gbs_values,
+                      rcp_cache)
     if not fits and not oom:
         raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "
                         "batch size admit none)")
@@ -149,7 +174,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     return fits, oom
 
 
-def _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_cache) -> None:
+def _rank_one(overrides, spec, est, ok, fits, oom, fixed_samples, gbs_values, rcp_cache) -> None:
     cand = Candidate(overrides, spec, est)
     n = fixed_samples
     if gbs_values:
@@ -161,21 +186,21 @@ def _rank_one(overrides, spec, est, fits, oom, fixed_samples, gbs_values, rcp_ca
             return  # no RCP reaches this GBS: no time to train to rank it by
     if n:
         cand.time_to_train_s = time_to_train(spec, est, n)
-    (fits if est.fits else oom).append(cand)
+    (fits if ok else oom).append(cand)
 
 
-def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
+def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom: float = 0.0) -> list:
     """For a full-recompute layout that fits: the variants that recompute the fewest layers per stage
     and still fit (train.recompute_layers), the others keeping every activation or, second variant,
     recomputing only their pointwise ops (train.recompute_others=selective) -- a variant is dropped
     when its fewest is every layer (no gain), or zero with nothing else (already a candidate)."""
-    if spec.train.recompute != "full" or not est.fits:
+    if spec.train.recompute != "full" or not fits_within(est, gpu, headroom):
         return []
     per_stage = layers_per_stage(spec)
     out = []
     for others in ("none", "selective"):
         o = overrides | ({} if others == "none" else {"train.recompute_others": "selective"})
-        k = _fewest_recomputed_layers(base, o, per_stage, gpu, gpus_per_node)
+        k = _fewest_recomputed_layers(base, o, per_stage, gpu, gpus_per_node, headroom)
         if k == per_stage or (k == 0 and others == "none"):
             continue
         s = _apply(base, o | {"train.recompute_layers": k})
@@ -183,12 +208,14 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node) -> list:
     return out
 
 
-def _fewest_recomputed_layers(base, overrides, per_stage, gpu, gpus_per_node) -> int:
-    """Binary search for the smallest train.recompute_layers that fits (every layer recomputed fits)."""
+def _fewest_recomputed_layers(base, overrides, per_stage, gpu, gpus_per_node, headroom: float = 0.0) -> int:
+    """Binary search for the smallest train.recompute_layers that fits within the headroom (every
+    layer recomputed fits)."""
     lo, hi = 0, per_stage
     while lo < hi:
         mid = (lo + hi) // 2
-        if estimate(_apply(base, overrides | {"train.recompute_layers": mid}), gpu, gpus_per_node).fits:
+        if fits_within(estimate(_apply(base, overrides | {"train.recompute_layers": mid}), gpu, gpus_per_node), gpu,
+                       headroom):
             hi = mid
         else:
             lo = mid + 1
