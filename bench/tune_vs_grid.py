@@ -49,12 +49,12 @@ def save(state: Path, data: dict) -> None:
 
 def planned(gpus: int, extra: list[str]):
     from trainperf.plan.hardware import load_gpu
-    from trainperf.plan.search import plan
+    from trainperf.plan.search import DEFAULT_MEMORY_HEADROOM, plan
     from trainperf.specs import resolve_spec
     from trainperf.workloads import get_workload
 
     base = resolve_spec(get_workload(WORKLOAD).defaults(), None, extra)
-    fits, _ = plan(base, load_gpu("h200"), gpus, gpus, objective="throughput")
+    fits, _ = plan(base, load_gpu("h200"), gpus, gpus, objective="throughput", headroom=DEFAULT_MEMORY_HEADROOM)  # as tune
     return fits
 
 

@@ -31,9 +31,12 @@ def spec_for(*overrides: str):
     return spec
 
 
-def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, tokens: int = 256) -> float:
+def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, tokens: int = 256,
+                                 compiled: bool = False) -> float:
     """What one decoder layer of our model keeps for backward, per token: the CPU profiler's net
-    allocations over a bf16 forward of 4 layers minus 2 layers (embedding, head and logits cancel)."""
+    allocations over a bf16 forward of 4 layers minus 2 layers (embedding, head and logits cancel).
+    ``compiled``: per-layer torch.compile with Inductor's partitioner (min-cut rematerialisation and
+    its decompositions, no code generation), compiled by a forward and backward before the window."""
     import gc
 
     import torch
@@ -42,7 +45,7 @@ def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, t
 
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.model.lora import apply_lora
-    from trainperf.parallel.parallelize import apply_activation_checkpointing
+    from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
     from trainperf.specs import LoRASpec, ModelSpec
 
     held = []
@@ -55,6 +58,10 @@ def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, t
         apply_activation_checkpointing(model, mode)
         model.train()
         ids = torch.randint(0, 64, (1, tokens))
+        if compiled:
+            torch._dynamo.reset()
+            apply_compile(model, backend="aot_eager_decomp_partition")
+            model(ids).float().sum().backward()
         gc.collect()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             out = model(ids)
@@ -89,6 +96,27 @@ def test_activation_bytes_are_what_the_layer_saves(shape, lora, mode):
     predicted = activation_bytes_per_token_layer(spec, mode, mask_bytes=2.0)
     # abs: a checkpointed layer with dropout also keeps the CPU RNG state (~5 KB a layer, not per token)
     assert predicted == pytest.approx(measured, rel=0.01, abs=24)
+
+
+@pytest.mark.parametrize("shape,lora,mode", [  # (also held, not kept for CI time: LoRA without dropout, full training selective)
+    ({"hidden_size": 256, "intermediate_size": 688, "num_heads": 4, "num_kv_heads": 4}, {"rank": 16, "dropout": 0.1}, "none"),
+    ({"hidden_size": 256, "intermediate_size": 688, "num_heads": 4, "num_kv_heads": 4}, None, "none"),
+    ({"hidden_size": 384, "intermediate_size": 512, "num_heads": 6, "num_kv_heads": 2}, {"rank": 16, "dropout": 0.1}, "selective"),
+])
+def test_compiled_activation_bytes_are_what_the_partitioner_keeps(shape, lora, mode):
+    """train.compile: what the compiled layer keeps (norms their bf16 input only, SiLU recomputed,
+    bool masks, selective without down_proj's output) -- the rule that also matches the H200 runs
+    (docs/PLANNER.md), measured here on CPU with the same partitioner. Eager keeps more, so the two
+    predictions must differ by what the partitioner drops."""
+    from trainperf.specs import LoRASpec, ModelSpec
+
+    measured = _saved_bytes_per_token_layer(shape, lora, mode, compiled=True)
+    spec = spec_for("train.compile=true")
+    spec.model = ModelSpec(**shape)
+    spec.lora = LoRASpec(**(lora or {"rank": 0}))
+    predicted = activation_bytes_per_token_layer(spec, mode)
+    assert predicted < activation_bytes_per_token_layer(spec, mode, mask_bytes=2.0, compiled=False)
+    assert predicted == pytest.approx(measured, rel=0.02, abs=24)
 
 
 def test_activation_formulas_under_tensor_parallel():
