@@ -26,15 +26,17 @@ class GPU:
     intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
-    # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach
-    # (the plain fp8 GEMM: 0.73, 1,437 of 1,979 TFLOP/s, preflight on H200); assumed.
-    fp8_gemm_eff: float = 0.55
+    # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach:
+    # the plain fp8 GEMM's measured 0.73 (1,437 of 1,979 TFLOP/s, preflight on H200).
+    fp8_gemm_eff: float = 0.73
     # ... and what the casts cost: effective HBM bytes per element cast (fp8_cast_elements). Eager is
     # fitted to the 7B-shape LoRA on one H200 (seq 8192, GBS 4: 2.72 s bf16 -> 4.12 s fp8, measured
     # 2026-11-30; docs/PERFORMANCE.md): far above the ~25 B of abs, amax, fp32 scale-multiply, clamp
     # and cast as separate kernels, so more than the casts is slow there (a profile would say what).
-    # Compiled: one fused read for the amax, one read and a 1-byte write for the cast; assumed.
-    fp8_cast_bytes_eager: float = 50.0
+    # Compiled: one fused read for the amax, one read and a 1-byte write for the cast (not fitted);
+    # with the measured GEMM rate above it predicts the compiled 7B step at 1.84 s, measured 1.78 s
+    # (2.20 s bf16; 2026-11-30, fifth session).
+    fp8_cast_bytes_eager: float = 56.0
     fp8_cast_bytes_compiled: float = 5.0
     attn_eff: float = 0.29  # H200: SDPA flash fwd+bwd 286 of 989 at seq 8192 (measured)
     # Eager non-GEMM work (norms, RoPE, SiLU, casts, dropout, residuals), seconds per token per layer
