@@ -161,6 +161,22 @@ def test_overhead_from_steps_files():
     assert e["overhead_pct"] == pytest.approx(20.0) and o["overhead_pct"] == pytest.approx(20.0)
 
 
+def test_unprofiled_estimate_takes_the_profiler_time_out_of_idle_then_waits():
+    over = {"per_rank": {"0": {"baseline_step_s": 1.0, "profiled_step_s": 1.3},
+                         "1": {"baseline_step_s": 1.0, "profiled_step_s": 1.3}}}
+    per_rank = [  # rank 0 launch-bound (idle absorbs it all); rank 1 waits on rank 0 inside collectives
+        {"rank": 0, "compute_s": 0.5, "exposed_comm_s": 0.1, "idle_s": 0.7, "collective_wait_s": 0.05},
+        {"rank": 1, "compute_s": 0.5, "exposed_comm_s": 0.6, "idle_s": 0.1, "collective_wait_s": 0.5}]
+    u = A.unprofiled_estimate(per_rank, over)
+    r0, r1 = u["per_rank"]
+    assert r0["idle_s"] == pytest.approx(0.4) and r0["collective_wait_s"] == pytest.approx(0.05)
+    assert r0["exposed_comm_s"] == pytest.approx(0.1) and r0["step_s"] == 1.0
+    assert r1["idle_s"] == 0.0 and r1["collective_wait_s"] == pytest.approx(0.3)
+    assert r1["exposed_comm_s"] == pytest.approx(0.4) and r1["unexplained_s"] == 0.0
+    assert u["totals"]["profiler_extra_s"] == pytest.approx(0.3) and u["totals"]["compute_s"] == 0.5
+    assert A.unprofiled_estimate(per_rank, {"per_rank": {}}) is None  # no baseline: no estimate
+
+
 # ----------------------------------------------------------------------------------------------
 # a recorded 2-process gloo FSDP2 profile (torchrun), captured with StepProfiler
 

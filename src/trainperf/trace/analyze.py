@@ -690,11 +690,44 @@ def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) 
     totals = {k: mean(k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "mem_s", "idle_s",
                                    "collective_wait_s")}
     totals["overlap_pct"] = 100.0 * overlap_all / comm_all if comm_all else None
+    over = overhead(steps_info or {})
     return {"mode": traces[0].mode if traces else None, "ranks": [t.rank for t in traces],
             "steps_per_rank": {str(t.rank): [k for k, _, _ in t.steps] for t in traces},
             "totals": totals, "per_rank": per_rank, "steps": rows, "collectives": collectives,
             "comm_by_group": by_group, "skew": skew,
-            "top": top, "overhead": overhead(steps_info or {})}
+            "top": top, "overhead": over, "unprofiled_estimate": unprofiled_estimate(per_rank, over)}
+
+
+def unprofiled_estimate(per_rank: list[dict], over: dict) -> dict | None:
+    """The breakdown of the *unprofiled* step, estimated. The profiler adds host time per op (about
+    3 us a kernel on an H200, docs/OBSERVABILITY.md): on a launch-bound step the GPU waits for it,
+    so it shows up as idle time, or, on the other ranks of a collective, as time waiting inside the
+    collective. Kernel durations themselves are GPU-side and unchanged. So the extra step time
+    (profiled minus unprofiled wall time, per rank) is taken out of idle first, then out of the
+    collective waits (and with them out of exposed communication). None without an overhead
+    baseline."""
+    ranks = (over or {}).get("per_rank") or {}
+    rows = []
+    for r in per_rank:
+        o = ranks.get(str(r["rank"])) or {}
+        base, prof = o.get("baseline_step_s"), o.get("profiled_step_s")
+        if base is None or prof is None:
+            continue
+        extra = max(0.0, prof - base)
+        idle = max(0.0, r["idle_s"] - extra)
+        rest = extra - (r["idle_s"] - idle)
+        wait = r.get("collective_wait_s") or 0.0
+        wait_left = max(0.0, wait - rest)
+        rows.append({"rank": r["rank"], "step_s": base, "profiler_extra_s": extra, "compute_s": r["compute_s"],
+                     "exposed_comm_s": max(0.0, r["exposed_comm_s"] - (wait - wait_left)), "idle_s": idle,
+                     "collective_wait_s": wait_left,
+                     "unexplained_s": max(0.0, rest - wait)})  # extra time neither idle nor waits absorb
+    if not rows:
+        return None
+    keys = ("step_s", "profiler_extra_s", "compute_s", "exposed_comm_s", "idle_s", "collective_wait_s", "unexplained_s")
+    return {"totals": {k: statistics.mean(x[k] for x in rows) for k in keys}, "per_rank": rows,
+            "method": "profiled breakdown minus the profiler's extra step time (profiled - unprofiled wall "
+                      "time), taken from idle first, then from time waiting inside collectives"}
 
 
 def overhead(steps_info: dict[int, dict]) -> dict:

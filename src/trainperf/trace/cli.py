@@ -240,4 +240,10 @@ def print_summary(s: dict, top: int = 10) -> None:
         console.print(f"profiler overhead: {o['overhead_pct']:+.1f}% step time (median over ranks; rank "
                       f"{next(iter(o['per_rank']))}: {_ms(r0['profiled_step_s'])} ms profiled vs "
                       f"{_ms(r0['baseline_step_s'])} ms unprofiled), trace export {r0['export_s']:.2f} s once")
+    u = (s.get("unprofiled_estimate") or {}).get("totals")
+    if u and o.get("overhead_pct") is not None and o["overhead_pct"] > 3.0:
+        console.print(f"unprofiled step, estimated (the profiler's {_ms(u['profiler_extra_s'])} ms of host time "
+                      f"taken out of idle, then collective waits): step {_ms(u['step_s'])} ms = compute "
+                      f"{_ms(u['compute_s'])} + exposed comm {_ms(u['exposed_comm_s'])} + idle {_ms(u['idle_s'])} ms "
+                      f"(+ mem copies, overlaps)")
     console.print(f"summary: {s.get('summary_file')}")
