@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -510,6 +511,39 @@ def test_frozen_float8_matmul_compiles_in_one_graph_and_matches_eager():
     assert (y - (x.detach() @ weight.t()).relu()).abs().max() > 0  # float8 rounding: not the plain matmul
 
 
+def test_compiled_float8_matmul_keeps_no_float8_weight_for_backward():
+    """Compiled, the frozen float8 GEMM's forward and backward weight casts must not be merged into one
+    whose float8 output is kept from forward to backward: under FSDP2 that holds a float8 copy of every
+    unsharded layer (the 70B recipe ran out of memory in its first forward on 2 x H200). The weight is
+    a plain graph input here, as FSDP2's unsharded parameters can be, with the partitioner told so."""
+    pytest.importorskip("torchao")
+    import torch._functorch.config as functorch_config
+
+    from trainperf.model.float8 import float8_config, frozen_linear, linear_mm_config
+
+    torch.manual_seed(0)
+    config = float8_config("tensorwise")
+    f8 = (linear_mm_config(config), config)
+    weight = torch.randn(96, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, 48, 64, dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, w: frozen_linear(a, w, f8), fullgraph=True,
+                             backend="aot_eager_decomp_partition")  # Inductor's partitioner, no codegen
+    with patch.object(functorch_config, "treat_parameters_as_free_to_save", False):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = compiled(x, weight)
+        y.float().sum().backward()
+    assert saved, "the compiled graph saved nothing: the hook did not see it"
+    assert not [s for s in saved if s[0] == torch.float8_e4m3fn and s[1] == weight.numel()], saved
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+
+
 def test_float8_full_training_swaps_the_decoder_linears_only():
     """hardware.fp8 without LoRA: torchao's Float8Linear in the decoder layers (weights train in float8
     GEMMs), the LM head and embedding untouched; a step's loss and gradients stay close to bf16's."""
@@ -567,6 +601,7 @@ def test_compiled_layers_share_one_graph_with_fp8_and_hybrid_recompute():
     apply_activation_checkpointing(model, "full", 4, others="selective")
     eager = copy.deepcopy(model)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # graphs compiled by earlier tests are counted there too
     apply_compile(model, backend="aot_eager")
     ids = torch.randint(0, 64, (2, 24))
     losses = []

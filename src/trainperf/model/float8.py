@@ -72,6 +72,15 @@ class FrozenFloat8Matmul(torch.autograd.Function):
         (weight,) = ctx.saved_tensors
         config, mm_config = ctx.config, ctx.mm_config
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        if torch.compiler.is_compiling():
+            # Compiled, this weight cast and the forward's are the same op on the same input
+            # (tensorwise): the partitioner may merge them and keep the float8 copy of every
+            # unsharded weight from forward to backward (a byte per element; 1 < 2 bytes of the bf16
+            # weight, unless it knows the weight stays alive anyway -- pytorch/pytorch#141881). Under
+            # FSDP2 that is a whole unsharded layer per layer: the 70B recipe on 2 x H200 ran out of
+            # memory in its first forward. A data dependency on the incoming gradient (x * 0 is not
+            # folded: NaN semantics; fused into the cast) pins this cast to the backward pass.
+            weight = weight + g2[:1, :1].to(weight.dtype) * 0
         g8 = _to_float8(g2, config.cast_config_grad_output, mm_config, GemmInputRole.GRAD_OUTPUT, -1, config)
         w8_t = _to_float8(weight.t(), config.cast_config_weight_for_grad_input, mm_config, GemmInputRole.WEIGHT, -1,
                           config)
