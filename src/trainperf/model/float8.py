@@ -13,7 +13,6 @@ The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -242,8 +242,8 @@ def _selective_policy(adapter_rank: int | None = None):
 
 
 def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
-    """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, built once
-    per layer). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
+    """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, one shared
+    by the layers; None for full). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
     insert ``_checkpoint_wrapped_module`` into every name)."""
     from torch.utils.checkpoint import checkpoint
 
