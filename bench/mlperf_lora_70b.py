@@ -47,6 +47,10 @@ def main() -> int:
         print(out.stdout[-4000:])
         return out.returncode
     s = json.loads(out.stdout)
+    if not s.get("step_time_s"):  # the run died before a timed step (OOM, a compile error): say so, no traceback
+        print(json.dumps({"status": s.get("status"), "status_reason": s.get("status_reason"), "run_id": s.get("run_id"),
+                          "predicted": s.get("predicted")}, indent=2))
+        return 1
     samples_per_s = gbs / s["step_time_s"]
     per_gpu = samples_per_s / s["world_size"]
     nvidia_per_gpu = NVIDIA_8XH200_SAMPLES_PER_S / 8

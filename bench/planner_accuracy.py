@@ -4,17 +4,19 @@ Every GPU run stores the planner's prediction made before it started (summary["p
 script only runs the cases and tabulates measured vs predicted step time and peak memory, then the
 median / max |error| and the rank correlation of throughput.
 
-    python bench/planner_accuracy.py --out DIR [--only NAME ...]
+    python bench/planner_accuracy.py --out DIR [--only NAME ...] [--gpus 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SHAPES = {
@@ -60,44 +62,62 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
 
 
+def run_case(case, args, out: Path, gpu: int | None = None) -> dict:
+    """One layout as a real `trainperf run`; ``gpu``: pin a one-process case to that GPU."""
+    name, nproc, shape, extra = case
+    cmd = [sys.executable, "-m", "trainperf", "run", "synthetic-lora", "--nproc-per-node", str(nproc), "--json",
+           "--out", str(out / "runs"), "--db", str(out / f"planner{'' if gpu is None else gpu}.db")]
+    for o in ["train.seed=1", f"train.max_steps={args.steps}", "train.untimed_warmup_steps=1", *SHAPES[shape], *extra]:
+        cmd += ["--set", o]
+    env = dict(os.environ, **({} if gpu is None else {"CUDA_VISIBLE_DEVICES": str(gpu)}))
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.per_run_timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error": "timeout"}
+    try:
+        s = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        return {"name": name, "error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "no output"}
+    if not s.get("step_time_s") or not s.get("predicted"):
+        # a short run misses its (synthetic) target by design: that is not an error here
+        return {"name": name, "error": s.get("error") or s.get("status_reason"),
+                "step_s": s.get("step_time_s"), "peak_gib": s.get("peak_mem_gib")}
+    pred = s["predicted"]
+    return {"name": name, "gpus": nproc, "wall_s": round(time.time() - t0, 1),
+            "step_s": s["step_time_s"], "pred_step_s": pred["step_time_s"],
+            "peak_gib": s["peak_mem_gib"], "pred_peak_gib": pred["peak_mem_gib"],
+            "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu": s["mfu"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_runs")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--per-run-timeout", type=int, default=110)
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="GPUs on this machine: one-process cases run side by side, one per GPU (default 1)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    cases = [c for c in CASES if not args.only or c[0] in args.only]
+    single = [c for c in cases if c[1] == 1]
     rows = []
-    for name, nproc, shape, extra in CASES:
-        if args.only and name not in args.only:
-            continue
-        cmd = [sys.executable, "-m", "trainperf", "run", "synthetic-lora", "--nproc-per-node", str(nproc), "--json",
-               "--out", str(out / "runs"), "--db", str(out / "planner.db")]
-        for o in ["train.seed=1", f"train.max_steps={args.steps}", "train.untimed_warmup_steps=1", *SHAPES[shape], *extra]:
-            cmd += ["--set", o]
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.per_run_timeout)
-        except subprocess.TimeoutExpired:
-            rows.append({"name": name, "error": "timeout"})
-            continue
-        try:
-            s = json.loads(p.stdout)
-        except json.JSONDecodeError:
-            rows.append({"name": name, "error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "no output"})
-            continue
-        if not s.get("step_time_s") or not s.get("predicted"):
-            # a short run misses its (synthetic) target by design: that is not an error here
-            rows.append({"name": name, "error": s.get("error") or s.get("status_reason"),
-                         "step_s": s.get("step_time_s"), "peak_gib": s.get("peak_mem_gib")})
-            continue
-        pred = s["predicted"]
-        rows.append({"name": name, "gpus": nproc, "wall_s": round(time.time() - t0, 1),
-                     "step_s": s["step_time_s"], "pred_step_s": pred["step_time_s"],
-                     "peak_gib": s["peak_mem_gib"], "pred_peak_gib": pred["peak_mem_gib"],
-                     "tokens_per_s_per_gpu": s["tokens_per_s_per_gpu"], "mfu": s["mfu"]})
+    n = max(1, args.gpus)
+
+    def on_gpu(g: int) -> list[dict]:  # GPU g's share of the one-process cases, one after another
+        done = []
+        for case in single[g::n]:
+            done.append(run_case(case, args, out, g if n > 1 else None))
+            print(json.dumps(done[-1]), flush=True)
+        return done
+
+    with ThreadPoolExecutor(max_workers=n) as pool:  # each thread waits on its GPU's subprocesses
+        for done in pool.map(on_gpu, range(n)):
+            rows += done
+    for case in (c for c in cases if c[1] > 1):
+        rows.append(run_case(case, args, out))
         print(json.dumps(rows[-1]), flush=True)
     ok = [r for r in rows if "error" not in r]
     for r in ok:
