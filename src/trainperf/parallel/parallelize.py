@@ -243,11 +243,11 @@ def _selective_policy(adapter_rank: int | None = None):
 
 def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
     """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, one shared
-    by the layers; None for full). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
+    by the layers). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
     insert ``_checkpoint_wrapped_module`` into every name)."""
     from torch.utils.checkpoint import checkpoint
 
-    if context_fn is None:  # full: checkpoint's default (dynamo cannot inline torch's own noop_context_fn)
+    if mode == "full":  # checkpoint's default context (dynamo cannot inline torch's own noop_context_fn)
         return checkpoint(layer._forward_plain, *args, use_reentrant=False)
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
@@ -282,7 +282,9 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
         context_fn = None
         if layer_mode == "selective":
             rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
-            context_fn = shared.setdefault(rank, selective_context_fn(rank))
+            if rank not in shared:
+                shared[rank] = selective_context_fn(rank)
+            context_fn = shared[rank]
         layer._forward_plain = layer.forward
         layer.forward = partial(_recomputed_forward, layer, layer_mode, context_fn)
 

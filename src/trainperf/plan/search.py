@@ -203,8 +203,9 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom:
         k = _fewest_recomputed_layers(base, o, per_stage, gpu, gpus_per_node, headroom)
         if k == per_stage or (k == 0 and others == "none"):
             continue
-        s = _apply(base, o | {"train.recompute_layers": k})
-        out.append((o | {"train.recompute_layers": k}, s, estimate(s, gpu, gpus_per_node)))
+        o = o | {"train.recompute_layers": k}
+        s = _apply(base, o)
+        out.append((o, s, estimate(s, gpu, gpus_per_node)))
     return out
 
 
