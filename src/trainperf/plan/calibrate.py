@@ -15,7 +15,7 @@ import json
 import statistics
 
 from trainperf.plan.costs import estimate
-from trainperf.plan.hardware import GPU, preset_for_device
+from trainperf.plan.hardware import GPU, preset_for_device, scale_host_time
 from trainperf.specs import RunSpec, SpecError
 
 
@@ -59,10 +59,7 @@ def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
     return fitted, report
 
 
-def with_host_scale(gpu: GPU, scale: float) -> GPU:
-    """The GPU with every host-time constant (seconds, not the dimensionless factors) scaled."""
-    return dataclasses.replace(gpu, **{f.name: float(getattr(gpu, f.name) * scale) for f in dataclasses.fields(gpu)
-                                       if f.name.startswith("host_") and "_s_per_" in f.name})
+with_host_scale = scale_host_time
 
 
 def summary(report: list[dict], which: str) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainperf.plan.hardware import GPU
+from trainperf.plan.kernels import load_table
 from trainperf.specs import RunSpec, layers_per_stage, stages_per_rank
 from trainperf.train import metrics
 
@@ -68,6 +69,28 @@ def _projections(m) -> dict[str, tuple[int, int, bool]]:
     return {"q_proj": (h, q_out, True), "k_proj": (h, kv_out, True), "v_proj": (h, kv_out, True),
             "qkv_proj": (h, q_out + 2 * kv_out, True), "o_proj": (q_out, h, False),
             "gate_proj": (h, f, True), "up_proj": (h, f, True), "down_proj": (f, h, False)}
+
+
+def layer_gemms(spec: RunSpec, tokens: float) -> list[tuple[float, float, float]]:
+    """(M, K, N) of one decoder layer's base-projection GEMMs per micro-batch on one TP rank: the
+    forward [tokens, in] @ [in, out], the input gradient [tokens, out] @ [out, in], and for a trained
+    base the weight gradient [in, tokens] @ [tokens, out]. Column-parallel projections split their
+    output under TP, row-parallel ones their input; SP gathers the tokens before either."""
+    m, t = spec.model, spec.parallel.tp
+    names = ["qkv_proj"] if m.fused_qkv else ["q_proj", "k_proj", "v_proj"]
+    proj = _projections(m)
+    out = []
+    for name in names + ["o_proj", "gate_proj", "up_proj", "down_proj"]:
+        i, o, column = proj[name]
+        i, o = (i, o / t) if column else (i / t, o)
+        out += [(tokens, i, o), (tokens, o, i)] + ([] if spec.lora.enabled else [(i, tokens, o)])
+    return out
+
+
+def head_gemms(spec: RunSpec, tokens: float) -> list[tuple[float, float, float]]:
+    """The LM head's GEMMs (vocabulary split under TP); it trains only without LoRA."""
+    h, v = spec.model.hidden_size, spec.model.vocab_size / spec.parallel.tp
+    return [(tokens, h, v), (tokens, v, h)] + ([] if spec.lora.enabled else [(h, tokens, v)])
 
 
 def _layer_projections(m) -> list[tuple[int, int, bool]]:
@@ -200,13 +223,24 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     padded_head_dim = -(-m.head_dim // 64) * 64
     flops_attn = 3.0 * 2.0 * S * m.num_heads * padded_head_dim * L_rank / t * tokens_mb
     peak = gpu.bf16_tflops * 1e12
-    t_lin = flops_lin / (peak * gpu.gemm_eff)
+    table = load_table(gpu.kernel_table) if gpu.kernel_table else None
+    if table is not None:  # measured rates by shape (plan/kernels.py); the adapters' thin GEMMs: flat
+        t_layers = L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb))
+        t_lin = t_layers + sum(table.gemm_seconds(*g) for g in head_gemms(spec, tokens_mb)) \
+            + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb / (peak * gpu.gemm_eff)
+    else:
+        t_layers = flops_layers / (peak * gpu.gemm_eff)
+        t_lin = flops_lin / (peak * gpu.gemm_eff)
     if spec.hardware.fp8 != "none":  # the decoder layers' base GEMMs in float8 (LM head, adapters: bf16)
-        t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - flops_layers / (peak * gpu.gemm_eff)
+        t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - t_layers
         cast_bytes = gpu.fp8_cast_bytes_compiled if tr.compile else gpu.fp8_cast_bytes_eager
         t_lin += fp8_cast_elements(spec, tokens_mb, t) * L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
-    attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
-    t_attn = flops_attn / (peak * attn_eff)
+    if table is not None:  # ring attention: each rank computes 1/c of the causal work, in chunks
+        t_attn = L_rank * table.attention_seconds(b, m.num_heads / t, m.num_kv_heads / t, m.head_dim, S) / c \
+            * (gpu.cp_attn_slowdown if c > 1 else 1.0)
+    else:
+        attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
+        t_attn = flops_attn / (peak * attn_eff)
     t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank
     if tr.compile:
         t_other *= gpu.compile_other_factor

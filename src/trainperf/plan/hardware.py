@@ -78,10 +78,25 @@ class GPU:
     # -> 0.453 s fp8, measured 2026-11-30 (tests/test_gpu.py's fp8 test)
     host_fp8_s_per_gemm: float = 0.52e-3
     host_compile_factor: float = 0.3  # assumed: compiled layers launch a few fused kernels (not fitted)
+    # measured GEMM and attention rates by shape (plan/kernels.py: a packaged name or a JSON file from
+    # bench/kernel_rates.py); when set they replace gemm_eff and attn_eff for bf16 work
+    kernel_table: str = ""
+
+
+def scale_host_time(gpu: GPU, scale: float) -> GPU:
+    """The GPU with every host-time constant (seconds, not the dimensionless factors) scaled: how fast
+    a machine's CPUs issue ops differs between machines more than anything on the GPU side."""
+    return dataclasses.replace(gpu, **{f.name: float(getattr(gpu, f.name) * scale) for f in dataclasses.fields(gpu)
+                                       if f.name.startswith("host_") and "_s_per_" in f.name})
 
 
 PRESETS: dict[str, GPU] = {
-    "h200": GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40),
+    # H200: GEMM and attention rates by shape from bench/kernel_rates.py (2026-11-30, plan/kernels.py);
+    # with them what had been fitted against flat rates was refitted on the same runs: compile's
+    # remaining elementwise share (7B LoRA compiled, 2.197 s), ring attention's slowdown (7B CP2) and
+    # one scale on the host constants (0.94, least squares over the 1B host-bound grid)
+    "h200": scale_host_time(GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40, kernel_table="h200",
+                                compile_other_factor=0.46, cp_attn_slowdown=2.12), 0.94),
     "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40),
     "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20),
     "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),
@@ -118,7 +133,7 @@ def load_gpu(name_or_file: str) -> GPU:
     if bad:
         raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
     try:
-        values = {k: (str(v) if k == "name" else float(v)) for k, v in data.items()}
+        values = {k: (str(v) if k in ("name", "kernel_table") else float(v)) for k, v in data.items()}
     except (TypeError, ValueError):
         raise SpecError(f"--gpu {name_or_file!r}: every field but name must be a number") from None
     return dataclasses.replace(base, **values)

@@ -1,0 +1,66 @@
+"""Measured kernel rates by shape: the planner's GEMM and attention time when a table exists.
+
+One flat efficiency per kind of work (a GEMM rate from an 8192^3 GEMM, an attention rate from one
+sequence length) misses how much the rate moves with shape. Measured on an H200 (bench/kernel_rates.py,
+2026-11-30): a 2048-token micro-batch through 1024-wide projections runs at 380 TFLOP/s, 8192 tokens
+through 4096-wide ones at ~700; causal attention with 128-wide heads at 330 TFLOP/s at seq 2048 and
+595 at seq 8192, but with 100-wide heads (no cuDNN kernel) at 100-200. The table is what
+`python bench/kernel_rates.py` writes; a GPU preset or YAML file names it (``kernel_table``).
+
+Lookups outside the measured shapes take the nearest measured shape in log space (rates change
+slowly with size once a GEMM fills the GPU; below that the nearest smaller shape is the better guess
+than a flat factor).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+PACKAGED = Path(__file__).with_name("data")
+
+
+@functools.lru_cache(maxsize=8)
+def load_table(name_or_path: str) -> "KernelTable":
+    """A packaged table by name (``h200``) or a JSON file written by bench/kernel_rates.py."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PACKAGED / f"{name_or_path}_kernels.json"
+    with open(path) as fh:
+        return KernelTable(json.load(fh))
+
+
+class KernelTable:
+    def __init__(self, raw: dict):
+        self.device = raw.get("device", "?")
+        self.gemm = {tuple(int(x) for x in key.split("x")): rate * 1e12 for key, rate in raw["gemm_tflops"].items()}
+        self.attention = {tuple(int(x) for x in key.split("x")): (fwd * 1e12, bwd * 1e12)
+                          for key, (fwd, bwd) in raw["attention_tflops_fwd_bwd"].items()}
+        if not self.gemm or not self.attention:
+            raise ValueError("a kernel table needs gemm_tflops and attention_tflops_fwd_bwd entries")
+
+    def gemm_flops_per_s(self, m: float, k: float, n: float) -> float:
+        """Rate of [m, k] @ [k, n] in bf16: the measured shape nearest in log space."""
+        key = (m, k, n)
+        best = min(self.gemm, key=lambda s: sum(abs(math.log(a / b)) for a, b in zip(s, key)))
+        return self.gemm[best]
+
+    def gemm_seconds(self, m: float, k: float, n: float) -> float:
+        return 2.0 * m * k * n / self.gemm_flops_per_s(m, k, n)
+
+    def attention_seconds(self, batch: float, heads: float, kv_heads: float, head_dim: int, seq: float,
+                          backward: bool = True) -> float:
+        """Causal attention over ``seq`` tokens of ``batch`` sequences with ``heads`` query heads: forward
+        (+ backward) seconds; FLOPs counted as the table counts them (causal once, backward 2.5x)."""
+        ratio = heads / max(kv_heads, 1)
+
+        def distance(s):
+            h, kv, d, L = s
+            return (4 * abs(math.log(d / head_dim)) + abs(math.log(L / seq)) + 0.5 * abs(math.log(h / heads))
+                    + 0.25 * abs(math.log((h / kv) / ratio)))
+
+        fwd_rate, bwd_rate = self.attention[min(self.attention, key=distance)]
+        flops_fwd = 2.0 * seq * seq * head_dim * heads * batch  # 2 GEMMs x 2 FLOPs x s^2 d / 2 (causal)
+        return flops_fwd / fwd_rate + (2.5 * flops_fwd / bwd_rate if backward else 0.0)
