@@ -60,14 +60,17 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
     return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
+def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int, compile_layers=False,
+                    fp8: str = "none") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
 
     spec = RunSpec(workload="bench", model=model_spec, lora=LORA,
-                   train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0))
+                   train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,
+                                   compile=compile_layers))
     spec.parallel.dp_shard = 1
+    spec.hardware.fp8 = fp8
     init_distributed("cuda")
     mesh = build_mesh(spec.parallel, "cuda")
     model = Engine(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda")).parts[0][1]
@@ -75,7 +78,7 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
     return measure(model, trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 
 
-def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int) -> dict:
+def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int, **_) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -105,6 +108,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
+    ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF stays eager)")
+    ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -116,7 +121,7 @@ def main() -> int:
     results = {}
     runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
     for name, fn in runs:
-        r = fn(model_spec, args.seq, args.recompute, args.steps, args.warmup)
+        r = fn(model_spec, args.seq, args.recompute, args.steps, args.warmup, compile_layers=args.compile, fp8=args.fp8)
         gc.collect()
         torch.cuda.empty_cache()
         tps = args.seq / r["step_s"]
@@ -131,6 +136,7 @@ def main() -> int:
         print(f"ratio trainperf / HF+PEFT: {ratio:.2f}x")
     results.update(shape=args.shape, seq=args.seq, recompute=args.recompute, gpu=torch.cuda.get_device_name(),
                    torch=torch.__version__, flops_per_token=flops_tok, date=time.strftime("%Y-%m-%d"))
+    results["args"] = vars(args)
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps(results) + "\n")

@@ -62,7 +62,11 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dropped = lora_dropout(x, self.dropout, self.training)
-        return frozen_linear(x, self.weight, self._float8) + self.lora_B(self.lora_A(dropped)) * self.scaling
+        # Under FSDP2 the adapters arrive in the compute dtype already (a no-op here); a one-process
+        # run without FSDP (parallelize.py) keeps fp32 adapters next to a bf16 base, and the cast is
+        # then FSDP2's mixed precision: bf16 GEMMs, gradients back to the fp32 masters through it.
+        a, b = self.lora_A.weight.to(x.dtype), self.lora_B.weight.to(x.dtype)
+        return frozen_linear(x, self.weight, self._float8) + F.linear(F.linear(dropped, a), b) * self.scaling
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:

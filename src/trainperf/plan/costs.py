@@ -184,6 +184,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
     # + the root's LM head, never resharded after forward (backward needs it first)
     est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t
+    if R * p.dp_shard * t * c * pp == 1 and lo.enabled and frozen_bytes == 2.0:
+        est.memory["weights_bf16_gathered"] = 0.0  # one process, bf16 base: no FSDP (parallelize.runs_without_fsdp)
     # Gradients in fp32. Micro-batches before the last run without gradient sync
     # (set_requires_gradient_sync(False), engine.py); FSDP2 then keeps each parameter's *unsharded*
     # gradient, up-cast to the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed), until the

@@ -133,7 +133,8 @@ class Engine:
         loss_local = torch.zeros((), device=self.device)
         for i, (ids, mask) in enumerate(micro_batches):
             ids, labels, label_mask, positions = self._inputs(ids, mask)
-            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (one process may run without)
+                model.set_requires_gradient_sync(i == len(micro_batches) - 1)
             with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
                 pos = positions if self.spec.parallel.cp > 1 else None
                 chunk = self.spec.train.loss_chunk_tokens

@@ -1,0 +1,73 @@
+"""One process, LoRA, bf16 base: the engine runs without FSDP2 (parallelize.runs_without_fsdp) and must
+train exactly as it does under FSDP2's mixed precision."""
+
+from __future__ import annotations
+
+import socket
+from unittest.mock import patch
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainperf.parallel import parallelize as par
+from trainperf.specs import resolve_layout, resolve_spec
+from trainperf.train.engine import Engine
+from trainperf.workloads.mini import mini_lora_defaults
+
+
+@pytest.fixture
+def one_process_group():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_steps(*overrides: str, fsdp: bool | None = None):
+    """Losses and final adapter weights of two AdamW steps (2 micro-batches each) on the mini LoRA model.
+    ``fsdp``: force the FSDP2 path (True) or leave the engine's choice (None)."""
+    spec = resolve_spec(mini_lora_defaults(), None, ["train.seed=3", "lora.dropout=0", *overrides])
+    resolve_layout(spec, 1)
+    mesh = par.build_mesh(spec.parallel, "cpu")
+    choice = (lambda *a: False) if fsdp else par.runs_without_fsdp
+    with patch.object(par, "runs_without_fsdp", choice):
+        engine = Engine(spec, mesh, torch.device("cpu"), torch.bfloat16)
+    model = engine.parts[0][1]
+    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(2):
+        batches = [(torch.randint(0, spec.model.vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
+        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
+        opt.step()
+        opt.zero_grad()
+    from torch.distributed.tensor import DTensor
+
+    adapters = {n: (q.full_tensor() if isinstance(q, DTensor) else q).detach().clone()
+                for n, q in model.named_parameters() if q.requires_grad}
+    return model, losses, adapters
+
+
+def test_one_process_lora_with_a_bf16_base_skips_fsdp_and_trains_identically(one_process_group):
+    from torch.distributed.fsdp import FSDPModule
+
+    plain, losses, adapters = _two_steps()
+    sharded, ref_losses, ref_adapters = _two_steps(fsdp=True)
+    assert not isinstance(plain, FSDPModule) and isinstance(sharded, FSDPModule)
+    assert all(q.dtype == torch.float32 for q in adapters.values())  # fp32 masters either way
+    assert losses == ref_losses and losses[1] != losses[0]
+    for name, ref in ref_adapters.items():
+        torch.testing.assert_close(adapters[name], ref, rtol=0, atol=0)
+
+
+def test_full_training_and_fp32_bases_keep_fsdp(one_process_group):
+    from torch.distributed.fsdp import FSDPModule
+
+    full, _, _ = _two_steps("lora.rank=0")  # every parameter trains in fp32 masters: FSDP2 casts them
+    fp32_base, _, _ = _two_steps("hardware.frozen_dtype=fp32")
+    assert isinstance(full, FSDPModule) and isinstance(fp32_base, FSDPModule)
