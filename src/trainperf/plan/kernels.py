@@ -40,6 +40,8 @@ class KernelTable:
                           for key, (fwd, bwd) in raw["attention_tflops_fwd_bwd"].items()}
         if not self.gemm or not self.attention:
             raise ValueError("a kernel table needs gemm_tflops and attention_tflops_fwd_bwd entries")
+        if min(self.gemm.values()) <= 0 or min(min(r) for r in self.attention.values()) <= 0:
+            raise ValueError("a kernel table's rates must be positive TFLOP/s")
 
     def gemm_flops_per_s(self, m: float, k: float, n: float) -> float:
         """Rate of [m, k] @ [k, n] in bf16: the measured shape nearest in log space."""

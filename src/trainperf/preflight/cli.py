@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest message of the sweep, e.g. 1G or 64K (default 4G, quick 1G; CPU 1M, quick 8K)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed iterations per measurement (default 20, quick 10; CPU 3)")
+    p.add_argument("--kernels", choices=["auto", "yes", "no"], default="auto",
+                   help="also measure the planner's kernel table (GEMM and attention rates by shape, ~10 s on a GPU; "
+                        "plan then uses it): auto = on GPU unless --quick")
     p.add_argument("--db", default="trainperf.db",
                    help="results store: the result is kept there and `plan` uses its measured figures (default ./trainperf.db)")
     p.add_argument("--out", default="runs",
@@ -191,6 +194,8 @@ def run(args) -> int:
         run_dir = _new_run_dir(Path(args.out))
     result["out_dir"] = str(run_dir)
     result["result_path"] = str(run_dir / "preflight.json")
+    if wants_kernel_table(getattr(args, "kernels", "auto"), req["device"], bool(args.quick)):
+        measure_kernel_table_into(result, req["device"], run_dir)
     (run_dir / "preflight.json").write_text(json.dumps(result, indent=2))
     result["stored_as"] = _store(result, run_dir.name, getattr(args, "db", None))
     if args.json:
@@ -198,6 +203,24 @@ def run(args) -> int:
     else:
         print_result(result)
     return result["exit_code"]
+
+
+def wants_kernel_table(choice: str, device: str, quick: bool) -> bool:
+    return choice == "yes" or (choice == "auto" and device == "cuda" and not quick)
+
+
+def measure_kernel_table_into(result: dict, device: str, run_dir: Path) -> None:
+    """Measure the kernel table on this process's device, write RUN_DIR/kernel_rates.json, and on a GPU
+    make it one of the measured figures `plan` uses (CPU figures only exercise the path)."""
+    from trainperf.preflight.kernels import measure_kernel_table
+
+    table = measure_kernel_table(device, iters=10 if device == "cuda" else 3)
+    path = run_dir / "kernel_rates.json"
+    path.write_text(json.dumps(table, indent=1))
+    result["kernel_table"] = {"path": str(path), "gemm_shapes": len(table["gemm_tflops"]),
+                              "attention_shapes": len(table["attention_tflops_fwd_bwd"]), "seconds": table["seconds"]}
+    if device == "cuda":
+        result.setdefault("measured_overrides", {})["kernel_table"] = str(path)
 
 
 def _store(result: dict, preflight_id: str, db: str | None) -> str | None:
@@ -290,6 +313,11 @@ def print_result(result: dict) -> None:
         else:
             verdict = f"[yellow]some < {lim}: the harness reads lower than a plain loop[/yellow]"
         console.print(f"harness/plain throughput: {parts} -- {verdict}")
+    kt = result.get("kernel_table")
+    if kt:
+        use = "plan uses it" if result["device"] == "cuda" else "CPU: exercises the path, plan ignores it"
+        console.print(f"kernel table: {kt['gemm_shapes']} GEMM and {kt['attention_shapes']} attention shapes in "
+                      f"{kt['seconds']} s -> {kt['path']} ({use})")
     for n in result.get("notes", []):
         console.print(f"note: {n}")
     if result.get("note"):
