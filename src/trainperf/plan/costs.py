@@ -136,6 +136,11 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     if mode == "selective":
         base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
+        # context parallel: ring attention issues one attention kernel per ring step and the policy
+        # saves each one's output, not only the merged result -- c of them. Inferred from one run (the
+        # 70B recipe with CP2 and 69 selective layers ran out of memory >= 6 GiB above the prediction
+        # without this term, 4.4 GiB with it); CP has no CPU kernels in torch 2.13 to check it on.
+        attn_out *= p.cp
         kept = 2.0 * h / seq_split + base_out + attn_out  # adapters' GEMMs are recomputed (parallelize.py)
         return kept - (2.0 * h if compiled else 0.0)
     trains_base = not lo.enabled
@@ -184,8 +189,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
     # + the root's LM head, never resharded after forward (backward needs it first)
     est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t
-    if R * p.dp_shard * t * c * pp == 1 and lo.enabled and frozen_bytes == 2.0:
-        est.memory["weights_bf16_gathered"] = 0.0  # one process, bf16 base: no FSDP (parallelize.runs_without_fsdp)
+    # (one process with a bf16 LoRA base runs without FSDP2 -- parallelize.runs_without_fsdp -- but its
+    # measured peak fell by only 0.2 GiB, 50.8 -> 50.6 on the 7B compiled run: the term stays)
     # Gradients in fp32. Micro-batches before the last run without gradient sync
     # (set_requires_gradient_sync(False), engine.py); FSDP2 then keeps each parameter's *unsharded*
     # gradient, up-cast to the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed), until the

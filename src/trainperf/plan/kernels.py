@@ -42,12 +42,18 @@ class KernelTable:
             raise ValueError("a kernel table needs gemm_tflops and attention_tflops_fwd_bwd entries")
         if min(self.gemm.values()) <= 0 or min(min(r) for r in self.attention.values()) <= 0:
             raise ValueError("a kernel table's rates must be positive TFLOP/s")
+        self._log_gemm = [(tuple(math.log(x) for x in shape), rate) for shape, rate in self.gemm.items()]
+        self._memo: dict[tuple, float] = {}
+        self._attention_memo: dict[tuple, tuple[float, float]] = {}
 
     def gemm_flops_per_s(self, m: float, k: float, n: float) -> float:
         """Rate of [m, k] @ [k, n] in bf16: the measured shape nearest in log space."""
         key = (m, k, n)
-        best = min(self.gemm, key=lambda s: sum(abs(math.log(a / b)) for a, b in zip(s, key)))
-        return self.gemm[best]
+        rate = self._memo.get(key)
+        if rate is None:  # a search ranks thousands of layouts over the same few shapes
+            best = min(self._log_gemm, key=lambda e: sum(abs(a - math.log(b)) for a, b in zip(e[0], key)))
+            rate = self._memo[key] = best[1]
+        return rate
 
     def gemm_seconds(self, m: float, k: float, n: float) -> float:
         return 2.0 * m * k * n / self.gemm_flops_per_s(m, k, n)
@@ -56,13 +62,17 @@ class KernelTable:
                           backward: bool = True) -> float:
         """Causal attention over ``seq`` tokens of ``batch`` sequences with ``heads`` query heads: forward
         (+ backward) seconds; FLOPs counted as the table counts them (causal once, backward 2.5x)."""
-        ratio = heads / max(kv_heads, 1)
+        key = (heads, kv_heads, head_dim, seq)
+        rates = self._attention_memo.get(key)
+        if rates is None:
+            ratio = heads / max(kv_heads, 1)
 
-        def distance(s):
-            h, kv, d, L = s
-            return (4 * abs(math.log(d / head_dim)) + abs(math.log(L / seq)) + 0.5 * abs(math.log(h / heads))
-                    + 0.25 * abs(math.log((h / kv) / ratio)))
+            def distance(s):
+                h, kv, d, L = s
+                return (4 * abs(math.log(d / head_dim)) + abs(math.log(L / seq)) + 0.5 * abs(math.log(h / heads))
+                        + 0.25 * abs(math.log((h / kv) / ratio)))
 
-        fwd_rate, bwd_rate = self.attention[min(self.attention, key=distance)]
+            rates = self._attention_memo[key] = self.attention[min(self.attention, key=distance)]
+        fwd_rate, bwd_rate = rates
         flops_fwd = 2.0 * seq * seq * head_dim * heads * batch  # 2 GEMMs x 2 FLOPs x s^2 d / 2 (causal)
         return flops_fwd / fwd_rate + (2.5 * flops_fwd / bwd_rate if backward else 0.0)
