@@ -39,9 +39,13 @@ def test_attention_prefers_the_measured_head_dim_over_head_count():
         2 * 2.0 * 8192 ** 2 * 128 * 32 / 600e12)
 
 
-def test_a_table_missing_a_kind_is_rejected():
+def test_a_table_missing_a_kind_or_with_a_zero_rate_is_rejected():
     with pytest.raises(ValueError, match="gemm_tflops"):
         KernelTable({"gemm_tflops": {}, "attention_tflops_fwd_bwd": {"1x1x64x128": [1, 1]}})
+    with pytest.raises(ValueError, match="gemm_tflops"):
+        KernelTable({"attention_tflops_fwd_bwd": {"1x1x64x128": [1, 1]}})
+    with pytest.raises(ValueError, match="positive"):
+        KernelTable({**TABLE, "gemm_tflops": {"64x64x64": 0.0}})
 
 
 def test_layer_gemms_split_by_tensor_parallel_and_add_weight_gradients_only_when_the_base_trains():
@@ -52,7 +56,11 @@ def test_layer_gemms_split_by_tensor_parallel_and_add_weight_gradients_only_when
     assert flops == pytest.approx(4 * 8192 * (4 * 4096 ** 2 + 3 * 4096 * 11008))  # forward + input gradient
     tp = layer_gemms(spec_for("parallel.tp=2"), 8192)
     assert sum(2 * m * k * n for m, k, n in tp) == pytest.approx(flops / 2)
-    assert (8192, 4096, 2048) in tp and (8192, 2048, 4096) in tp  # q column-split; o row-split
+    # gate/up column-split (output 11008 -> 5504), down row-split (input 11008 -> 5504): the forwards of
+    # gate and up and down's input gradient are [8192, 4096] @ [4096, 5504]; the mirror three times too
+    assert tp.count((8192, 4096, 5504)) == 3 and tp.count((8192, 5504, 4096)) == 3
+    assert (8192, 11008, 2048) not in tp and (8192, 2048, 11008) not in tp  # a wrongly split down_proj
+    assert tp.count((8192, 4096, 2048)) == 4  # q, k, v forwards and o's input gradient (o row-split)
     assert len(head_gemms(spec_for(), 8192)) == 2 and len(head_gemms(spec_for("lora.rank=0"), 8192)) == 3
 
 
@@ -64,12 +72,19 @@ def test_packaged_h200_table_loads_and_is_the_h200_preset():
 
 
 def test_yaml_gpu_file_can_name_a_kernel_table(tmp_path):
+    from trainperf.specs import SpecError
+
     path = tmp_path / "k.json"
     path.write_text(json.dumps(TABLE))
-    (tmp_path / "gpu.yaml").write_text(f"base: h100\nkernel_table: {path}\n")
+    (tmp_path / "gpu.yaml").write_text("base: h100\nkernel_table: k.json\n")  # relative to the YAML
     gpu = load_gpu(str(tmp_path / "gpu.yaml"))
     assert gpu.kernel_table == str(path)
     assert estimate(spec_for("parallel.dp_shard=1"), gpu, 8).step_time_s > 0
+    (tmp_path / "none.yaml").write_text("base: h200\nkernel_table:\n")  # empty: the flat rates
+    assert load_gpu(str(tmp_path / "none.yaml")).kernel_table == ""
+    (tmp_path / "bad.yaml").write_text("base: h100\nkernel_table: missing.json\n")
+    with pytest.raises(SpecError, match="not a readable kernel table"):
+        load_gpu(str(tmp_path / "bad.yaml"))
 
 
 # The twelve out-of-sample layouts measured back to back on 2 x H200 on 2026-11-30 (sixth session,

@@ -71,3 +71,12 @@ def test_full_training_and_fp32_bases_keep_fsdp(one_process_group):
     full, _, _ = _two_steps("lora.rank=0")  # every parameter trains in fp32 masters: FSDP2 casts them
     fp32_base, _, _ = _two_steps("hardware.frozen_dtype=fp32")
     assert isinstance(full, FSDPModule) and isinstance(fp32_base, FSDPModule)
+    # fp32 compute (CPU's default, param_dtype None): FSDP2 stays, whatever the base is stored in
+    spec = resolve_spec(mini_lora_defaults(), None, [])
+    resolve_layout(spec, 1)
+    from trainperf.model.llama import build_on_meta
+    from trainperf.model.lora import apply_lora
+
+    model = build_on_meta(spec.model)
+    apply_lora(model, spec.lora)
+    assert par.runs_without_fsdp(model, par.build_mesh(spec.parallel, "cpu"), None) is False

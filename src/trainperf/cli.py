@@ -200,6 +200,7 @@ def cmd_plan(args) -> int:
         measured_note = None
         if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
             import dataclasses
+            from pathlib import Path
 
             from trainperf.store.db import Store, StoreError
 
@@ -209,8 +210,15 @@ def cmd_plan(args) -> int:
                 store.close()
             except StoreError:
                 found = None
-            if found and found["overrides"]:
-                gpu = dataclasses.replace(gpu, **found["overrides"])
+            overrides = dict(found["overrides"]) if found else {}
+            table = overrides.get("kernel_table")
+            if table and not Path(table).is_file():  # the preflight's run folder was removed
+                overrides.pop("kernel_table")
+                print(f"trainperf: note: preflight {found['preflight_id']}'s kernel table {table} is gone; "
+                      "using the preset's rates", file=sys.stderr)
+            if found and overrides:
+                found = dict(found, overrides=overrides)
+                gpu = dataclasses.replace(gpu, **overrides)
                 measured_note = (f"using measured figures of preflight {found['preflight_id']} "
                                  f"({', '.join(f'{k}={v}' for k, v in found['overrides'].items())}); --datasheet ignores them")
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)

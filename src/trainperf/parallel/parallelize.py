@@ -7,6 +7,7 @@ fixed order (torchtitan's):
     4. recompute        activation checkpointing per decoder layer (none | selective | full)
     5. compile          torch.compile per decoder layer
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
+                        (skipped for one process with a bf16 LoRA base: runs_without_fsdp)
 
 Mesh dims, outermost to innermost: pp, dp_replicate, dp_shard, cp, tp -- so TP stays inside a node,
 then CP, then FSDP; replication and pipeline stages are the ones that cross node boundaries first.
@@ -247,7 +248,7 @@ def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
     insert ``_checkpoint_wrapped_module`` into every name)."""
     from torch.utils.checkpoint import checkpoint
 
-    if mode == "full":  # checkpoint's default context (dynamo cannot inline torch's own noop_context_fn)
+    if mode == "full":  # checkpoint's default context; compiled, the layer's forward is compiled inside it
         return checkpoint(layer._forward_plain, *args, use_reentrant=False)
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 

@@ -15,7 +15,8 @@ import json
 import statistics
 
 from trainperf.plan.costs import estimate
-from trainperf.plan.hardware import GPU, preset_for_device, scale_host_time
+from trainperf.plan.hardware import GPU, preset_for_device
+from trainperf.plan.hardware import scale_host_time as with_host_scale
 from trainperf.specs import RunSpec, SpecError
 
 
@@ -59,7 +60,6 @@ def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
     return fitted, report
 
 
-with_host_scale = scale_host_time
 
 
 def summary(report: list[dict], which: str) -> dict:

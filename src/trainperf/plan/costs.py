@@ -137,7 +137,8 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
         base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         # context parallel: ring attention issues one attention kernel per ring step and the policy
-        # saves each one's output, not only the merged result -- c of them. Inferred from one run (the
+        # saves each one's output, not only the merged result -- c of them (an upper bound: with load
+        # balancing the later steps cover half the queries, so between (c+1)/2 and c). Inferred from one run (the
         # 70B recipe with CP2 and 69 selective layers ran out of memory >= 6 GiB above the prediction
         # without this term, 4.4 GiB with it); CP has no CPU kernels in torch 2.13 to check it on.
         attn_out *= p.cp
@@ -232,8 +233,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     peak = gpu.bf16_tflops * 1e12
     table = load_table(gpu.kernel_table) if gpu.kernel_table else None
     if table is not None:  # measured rates by shape (plan/kernels.py); the adapters' thin GEMMs: flat
-        t_layers = L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb))
-        t_lin = t_layers + sum(table.gemm_seconds(*g) for g in head_gemms(spec, tokens_mb)) \
+        slower = gpu.kernel_table_gemm_eff / gpu.gemm_eff if gpu.kernel_table_gemm_eff > 0 else 1.0
+        t_layers = L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb)) * slower
+        t_lin = t_layers + sum(table.gemm_seconds(*g) for g in head_gemms(spec, tokens_mb)) * slower \
             + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb / (peak * gpu.gemm_eff)
     else:
         t_layers = flops_layers / (peak * gpu.gemm_eff)
@@ -271,7 +273,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         est.comm["cp"] = cp_bytes * mb
         t_cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * t_attn)
     if chunk > 0:  # chunked loss: the LM head's forward runs again in backward
-        t_recompute += 2.0 * V * h * tokens_mb / t / (peak * gpu.gemm_eff)
+        t_recompute += table.gemm_seconds(tokens_mb, h, V / t) * slower if table is not None \
+            else 2.0 * V * h * tokens_mb / t / (peak * gpu.gemm_eff)
     t_micro = t_lin + t_attn + t_other + t_recompute + t_tp + t_cp
     est.time.update(gemm=t_lin * mb, attention=t_attn * mb, elementwise=t_other * mb, recompute=t_recompute * mb,
                     tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)

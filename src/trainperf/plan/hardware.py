@@ -47,11 +47,13 @@ class GPU:
     # waits); fitted with host_tp_factor below.
     tp_overhead_s_per_layer: float = 0.015
     # Ring attention (context parallel) runs its chunked kernels this much slower than one
-    # whole-sequence kernel; fitted to the CP2 run on 2 x H200.
+    # whole-sequence kernel; fitted to the CP2 run on 2 x H200 with the flat attention rate (the H200
+    # preset's kernel table gives 2.12, set there).
     cp_attn_slowdown: float = 2.3
     comm_overlap: float = 0.8  # fraction of FSDP/DP/CP traffic hidden under compute
     # train.compile (per-layer torch.compile) fuses the eager non-GEMM work: the fraction of it that
-    # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled).
+    # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled) with the
+    # flat rates (0.46 with the H200's kernel table, set in its preset).
     compile_other_factor: float = 0.33
     # Host (CPU) time of eager PyTorch: every op is issued from Python, so a layer whose kernels are
     # short (small hidden size, short sequence) leaves the GPU waiting on the host. Seconds per layer
@@ -79,8 +81,13 @@ class GPU:
     host_fp8_s_per_gemm: float = 0.52e-3
     host_compile_factor: float = 0.3  # assumed: compiled layers launch a few fused kernels (not fitted)
     # measured GEMM and attention rates by shape (plan/kernels.py: a packaged name or a JSON file from
-    # bench/kernel_rates.py); when set they replace gemm_eff and attn_eff for bf16 work
+    # bench/kernel_rates.py / preflight); when set they replace gemm_eff and attn_eff for the bf16
+    # projections, the LM head and attention (the adapters' rank-r GEMMs keep gemm_eff)
     kernel_table: str = ""
+    # the plain 8192^3 GEMM efficiency of the machine the table was measured on: a preflight on another
+    # machine that measures a different gemm_eff (and no table of its own) scales the table's GEMM
+    # rates by gemm_eff / kernel_table_gemm_eff -- a slow GPU stays slow under the packaged table
+    kernel_table_gemm_eff: float = 0.0
 
 
 def scale_host_time(gpu: GPU, scale: float) -> GPU:
@@ -96,11 +103,28 @@ PRESETS: dict[str, GPU] = {
     # remaining elementwise share (7B LoRA compiled, 2.197 s), ring attention's slowdown (7B CP2) and
     # one scale on the host constants (0.94, least squares over the 1B host-bound grid)
     "h200": scale_host_time(GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40, kernel_table="h200",
-                                compile_other_factor=0.46, cp_attn_slowdown=2.12), 0.94),
+                                kernel_table_gemm_eff=0.80, compile_other_factor=0.46, cp_attn_slowdown=2.12), 0.94),
     "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40),
     "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20),
     "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),
 }
+
+
+def _checked_kernel_table(value, base_dir: Path, source: str) -> str:
+    """A YAML ``kernel_table``: empty for none, a packaged name, or a JSON file (relative to the YAML)."""
+    if value in (None, ""):
+        return ""
+    from trainperf.plan.kernels import load_table
+
+    path = Path(str(value))
+    if path.suffix and not path.is_absolute():
+        path = base_dir / path
+    try:
+        load_table(str(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError(f"--gpu {source!r}: kernel_table {value!r} is not a readable kernel table "
+                        f"({type(exc).__name__}: {exc}); write one with bench/kernel_rates.py or trainperf preflight") from None
+    return str(path)
 
 
 def preset_for_device(device_name: str) -> GPU | None:
@@ -133,7 +157,9 @@ def load_gpu(name_or_file: str) -> GPU:
     if bad:
         raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
     try:
-        values = {k: (str(v) if k in ("name", "kernel_table") else float(v)) for k, v in data.items()}
+        values = {k: (str(v) if k == "name" else v if k == "kernel_table" else float(v)) for k, v in data.items()}
     except (TypeError, ValueError):
-        raise SpecError(f"--gpu {name_or_file!r}: every field but name must be a number") from None
+        raise SpecError(f"--gpu {name_or_file!r}: every field but name and kernel_table must be a number") from None
+    if "kernel_table" in values:
+        values["kernel_table"] = _checked_kernel_table(values["kernel_table"], p.parent, name_or_file)
     return dataclasses.replace(base, **values)

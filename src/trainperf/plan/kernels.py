@@ -7,9 +7,10 @@ through 4096-wide ones at ~700; causal attention with 128-wide heads at 330 TFLO
 595 at seq 8192, but with 100-wide heads (no cuDNN kernel) at 100-200. The table is what
 `python bench/kernel_rates.py` writes; a GPU preset or YAML file names it (``kernel_table``).
 
-Lookups outside the measured shapes take the nearest measured shape in log space (rates change
-slowly with size once a GEMM fills the GPU; below that the nearest smaller shape is the better guess
-than a flat factor).
+Lookups outside the measured shapes take the nearest measured shape in log space, smaller or
+larger (rates change slowly with size once a GEMM fills the GPU). The sweep times contiguous
+row-major products [M,K] @ [K,N]; the engine's GEMMs run the same shapes with a transposed operand
+(x @ W^T; the weight gradient as g^T @ x), so the table is a proxy for their layouts.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ def load_table(name_or_path: str) -> "KernelTable":
 class KernelTable:
     def __init__(self, raw: dict):
         self.device = raw.get("device", "?")
-        self.gemm = {tuple(int(x) for x in key.split("x")): rate * 1e12 for key, rate in raw["gemm_tflops"].items()}
+        self.gemm = {tuple(int(x) for x in key.split("x")): rate * 1e12
+                     for key, rate in (raw.get("gemm_tflops") or {}).items()}
         self.attention = {tuple(int(x) for x in key.split("x")): (fwd * 1e12, bwd * 1e12)
-                          for key, (fwd, bwd) in raw["attention_tflops_fwd_bwd"].items()}
+                          for key, (fwd, bwd) in (raw.get("attention_tflops_fwd_bwd") or {}).items()}
         if not self.gemm or not self.attention:
             raise ValueError("a kernel table needs gemm_tflops and attention_tflops_fwd_bwd entries")
         if min(self.gemm.values()) <= 0 or min(min(r) for r in self.attention.values()) <= 0:

@@ -88,7 +88,7 @@ def measure_kernel_table(device: str = "cuda", iters: int = 10, models: dict | N
                     b = torch.randn(shape[1], shape[2], device=device, dtype=dtype)
                     gemm[key] = _sig(2 * shape[0] * shape[1] * shape[2] / timed(lambda: a @ b, iters) / 1e12)
     attention: dict[str, list[float]] = {}
-    for hidden, _, heads, kv in {(v[0], 0, v[2], v[3]) for v in models.values()}:
+    for hidden, heads, kv in {(h, n, kv) for h, _, n, kv in models.values()}:
         head_dim = hidden // heads
         for seq in seqs:
             q = torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
