@@ -45,7 +45,8 @@ def main() -> None:
     def after(i):
         def hook(module, inputs, output):
             torch.cuda.synchronize()
-            rows.append((i, round(torch.cuda.memory_allocated() / gib, 2), round(torch.cuda.max_memory_allocated() / gib, 2)))
+            allocated, peak = torch.cuda.memory_allocated() / gib, torch.cuda.max_memory_allocated() / gib
+            rows.append((i, round(allocated, 2), round(peak, 2)))
         return hook
 
     for i, layer in enumerate(model.model.layers.values()):

@@ -138,9 +138,9 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         # context parallel: ring attention issues one attention kernel per ring step and the policy
         # saves each one's output, not only the merged result -- c of them (an upper bound: with load
-        # balancing the later steps cover half the queries, so between (c+1)/2 and c). Inferred from one run (the
-        # 70B recipe with CP2 and 69 selective layers ran out of memory >= 6 GiB above the prediction
-        # without this term, 4.4 GiB with it); CP has no CPU kernels in torch 2.13 to check it on.
+        # balancing the later steps cover half the queries, so between (c+1)/2 and c). Inferred from
+        # one run (the 70B recipe with CP2 and 69 selective layers ran out of memory >= 6 GiB above the
+        # prediction without this term, 4.4 GiB with it); CP has no CPU kernels in torch 2.13 to check.
         attn_out *= p.cp
         kept = 2.0 * h / seq_split + base_out + attn_out  # adapters' GEMMs are recomputed (parallelize.py)
         return kept - (2.0 * h if compiled else 0.0)
