@@ -183,7 +183,7 @@ def test_partial_recompute_wraps_only_the_first_layers():
     hybrid = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
                                         num_kv_heads=2))
     apply_activation_checkpointing(hybrid, "full", 1, others="selective")
-    modes = [layer.forward.args[1] for layer in hybrid.model.layers.values()]  # partial(_recomputed_forward, layer, mode)
+    modes = [layer._recompute_mode for layer in hybrid.model.layers.values()]
     assert modes == ["full", "selective", "selective", "selective"]
 
 

@@ -3,29 +3,14 @@ train exactly as it does under FSDP2's mixed precision."""
 
 from __future__ import annotations
 
-import socket
 from unittest.mock import patch
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from trainperf.parallel import parallelize as par
 from trainperf.specs import resolve_layout, resolve_spec
 from trainperf.train.engine import Engine
 from trainperf.workloads.mini import mini_lora_defaults
-
-
-@pytest.fixture
-def one_process_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _two_steps(*overrides: str, fsdp: bool | None = None):
@@ -53,7 +38,7 @@ def _two_steps(*overrides: str, fsdp: bool | None = None):
     return model, losses, adapters
 
 
-def test_one_process_lora_with_a_bf16_base_skips_fsdp_and_trains_identically(one_process_group):
+def test_one_process_lora_with_a_bf16_base_skips_fsdp_and_trains_identically(gloo_group):
     from torch.distributed.fsdp import FSDPModule
 
     plain, losses, adapters = _two_steps()
@@ -65,7 +50,7 @@ def test_one_process_lora_with_a_bf16_base_skips_fsdp_and_trains_identically(one
         torch.testing.assert_close(adapters[name], ref, rtol=0, atol=0)
 
 
-def test_full_training_and_fp32_bases_keep_fsdp(one_process_group):
+def test_full_training_and_fp32_bases_keep_fsdp(gloo_group):
     from torch.distributed.fsdp import FSDPModule
 
     full, _, _ = _two_steps("lora.rank=0")  # every parameter trains in fp32 masters: FSDP2 casts them

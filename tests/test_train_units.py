@@ -5,11 +5,9 @@ sampler's layout invariance, the FLOP/MFU accounting and the Markov source's opt
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
@@ -224,18 +222,6 @@ class _OneModelEngine:
 
     def eval_batch(self, ids, mask):
         return row_loss_sums(self.model(ids), *shift_targets(ids, mask))
-
-
-@pytest.fixture
-def gloo_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_evaluate_on_one_process_group(gloo_group):

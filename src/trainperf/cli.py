@@ -213,14 +213,13 @@ def cmd_plan(args) -> int:
             overrides = dict(found["overrides"]) if found else {}
             table = overrides.get("kernel_table")
             if table and not Path(table).is_file():  # the preflight's run folder was removed
-                overrides.pop("kernel_table")
+                del overrides["kernel_table"]
                 print(f"trainperf: note: preflight {found['preflight_id']}'s kernel table {table} is gone; "
                       "using the preset's rates", file=sys.stderr)
-            if found and overrides:
-                found = dict(found, overrides=overrides)
+            if overrides:
                 gpu = dataclasses.replace(gpu, **overrides)
                 measured_note = (f"using measured figures of preflight {found['preflight_id']} "
-                                 f"({', '.join(f'{k}={v}' for k, v in found['overrides'].items())}); --datasheet ignores them")
+                                 f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         per_node = args.gpus_per_node or min(args.gpus, 8)
         gbs_values = None

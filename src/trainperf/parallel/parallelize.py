@@ -242,13 +242,13 @@ def _selective_policy(adapter_rank: int | None = None):
     return policy
 
 
-def _recomputed_forward(layer: nn.Module, mode: str, context_fn, *args):
+def _recomputed_forward(layer: nn.Module, context_fn, *args):
     """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, one shared
     by the layers). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
     insert ``_checkpoint_wrapped_module`` into every name)."""
     from torch.utils.checkpoint import checkpoint
 
-    if mode == "full":  # checkpoint's default context; compiled, the layer's forward is compiled inside it
+    if layer._recompute_mode == "full":  # checkpoint's default context; compiled, the forward is compiled inside
         return checkpoint(layer._forward_plain, *args, use_reentrant=False)
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
@@ -288,7 +288,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
             context_fn = shared[rank]
         layer._forward_plain = layer.forward
         layer._recompute_mode = layer_mode
-        layer.forward = partial(_recomputed_forward, layer, layer_mode, context_fn)
+        layer.forward = partial(_recomputed_forward, layer, context_fn)
 
 
 def apply_compile(model: nn.Module, backend: str = "inductor") -> None:

@@ -89,6 +89,9 @@ class Engine:
                 for name, q in part.named_parameters():
                     q.requires_grad_(is_adapter_param(name))
         self.trainable = [q for _, part in self.parts for q in part.parameters() if q.requires_grad]
+        # FSDP2's switch for syncing gradients only on the last micro-batch; None without FSDP2 (one
+        # process with a bf16 LoRA base, parallelize.runs_without_fsdp)
+        self._gradient_sync = getattr(self.parts[0][1], "set_requires_gradient_sync", None)
         self.schedule = self._pipeline_schedule() if p.pp > 1 else None
         self._eval_rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._evaluating = False
@@ -133,8 +136,8 @@ class Engine:
         loss_local = torch.zeros((), device=self.device)
         for i, (ids, mask) in enumerate(micro_batches):
             ids, labels, label_mask, positions = self._inputs(ids, mask)
-            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2 (one process may run without)
-                model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            if self._gradient_sync is not None:
+                self._gradient_sync(i == len(micro_batches) - 1)
             with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
                 pos = positions if self.spec.parallel.cp > 1 else None
                 chunk = self.spec.train.loss_chunk_tokens
