@@ -335,8 +335,6 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
          ["train.recompute_others='full'", "none, selective"]),
         (["train.recompute=full", "train.recompute_others=selective"], 1,
          ["train.recompute_others=selective", "train.recompute_layers=0..layers per stage"]),
-        (["parallel.tp=2", "train.compile=true", "lora.rank=4", "lora.dropout=0.1"], 2,
-         ["train.compile=true", "parallel.tp=2", "lora.dropout=0.1"]),
     ],
 )
 def test_validate_rejects(overrides, world, words):

@@ -80,6 +80,46 @@ def test_per_layer_compile_matches_eager(tmp_path):
     assert max(abs(a - b) for a, b in zip(compiled["losses"], eager["losses"])) < 1e-2
 
 
+def test_compiled_layers_draw_eagers_dropout_masks():
+    """apply_compile runs random ops through eager's kernels (Inductor's fallback_random): with the
+    same seed a compiled LoRA model drops what the eager one drops. fp32, adapters' B non-zero, so a
+    different mask moves the logits by O(0.1), far above compile's own rounding."""
+    from trainperf.model.llama import LlamaForCausalLM
+    from trainperf.model.lora import apply_lora
+    from trainperf.parallel.parallelize import apply_compile
+    from trainperf.specs import LoRASpec, ModelSpec
+
+    torch.manual_seed(0)
+    cfg = ModelSpec(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                    num_kv_heads=4, max_position_embeddings=128)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    apply_lora(model, LoRASpec(rank=8, alpha=16, dropout=0.5))
+    for n, q in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(q, std=0.5)
+    model.train()
+    tokens = torch.randint(0, 256, (2, 128), device="cuda")
+    torch.manual_seed(1)
+    eager = model(tokens).float()
+    torch.manual_seed(2)
+    other_mask = model(tokens).float()
+    apply_compile(model)
+    torch.manual_seed(1)
+    compiled = model(tokens).float()
+    assert (other_mask - eager).abs().max() > 0.1  # the masks do matter
+    assert (compiled - eager).abs().max() < 1e-3
+
+
+@pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")
+def test_compiled_tp2_with_lora_dropout_reaches_target(tmp_path):
+    """Compiled tensor parallel with LoRA dropout (refused before the mask moved off DTensor's RNG)."""
+    out, s = run(tmp_path, "run", "mini-lora", "--nproc-per-node", "2", "--set", "parallel.tp=2",
+                 "--set", "parallel.sp=true", "--set", "parallel.dp_shard=1", "--set", "train.compile=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert s["status"] == "success"
+
+
 def test_bf16_frozen_base_trains_identically_with_less_memory(tmp_path):
     """hardware.frozen_dtype auto (bf16 on GPU) vs fp32 masters of the frozen base: FSDP2 computes in
     bf16 copies either way, so the losses are bit-identical; the bf16 base holds half the bytes."""

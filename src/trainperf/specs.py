@@ -388,10 +388,6 @@ def validate_layout(spec: RunSpec) -> None:
             if value % p.tp:
                 raise SpecError(f"model.{name}={value} is not divisible by parallel.tp={p.tp}; "
                                 f"choose tp among the divisors of {value}")
-    if t.compile and p.tp > 1 and spec.lora.enabled and spec.lora.dropout > 0:
-        raise SpecError(f"train.compile=true with parallel.tp={p.tp} and lora.dropout={spec.lora.dropout} fails in "
-                        "torch.compile (dropout on a DTensor: fake-tensor RNG error, seen on torch 2.11 + H200); "
-                        "use train.compile=false, lora.dropout=0, or a layout without tensor parallel")
     if p.sp and p.tp > 1 and d.seq_len % p.tp:
         raise SpecError(f"data.seq_len={d.seq_len} is not divisible by parallel.tp={p.tp} (sequence parallel splits it)")
     if p.cp > 1:

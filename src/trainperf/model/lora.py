@@ -17,33 +17,37 @@ from trainperf.specs import LoRASpec
 
 
 def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Dropout on the adapter's input. On a DTensor (tensor parallel) it is a mask multiply: the
-    gradient that reaches a replicated input there is a partial sum, which DTensor carries through a
-    multiply but not through CUDA's fused dropout backward (``native_dropout_backward``, a plain
-    pointwise op to DTensor) -- that would all-reduce a full activation per adapter per micro-batch,
-    which the 2 x H200 TP2+SP trace showed (docs/OBSERVABILITY.md). Same distribution as F.dropout."""
+    """Dropout on the adapter's input; same distribution as F.dropout (keep 1 - p, scale 1 / (1 - p)).
+
+    On a DTensor (tensor parallel) it is a mask multiply, and the mask is drawn on a plain tensor of
+    the *global* shape, then cut to ``x``'s placements without communication:
+    - a multiply carries the partial-sum gradient of a replicated input; CUDA's fused dropout backward
+      (``native_dropout_backward``, a plain pointwise op to DTensor) would all-reduce a full activation
+      per adapter per micro-batch, which the 2 x H200 TP2+SP trace showed (docs/OBSERVABILITY.md);
+    - a plain draw, not DTensor's RNG: ``bernoulli_`` on a DTensor fails under torch.compile (fake
+      tensors meet DTensor's CUDA RNG tracker, torch 2.11), and off CUDA DTensor keeps no replicated
+      draw in step at all. Every rank of a tensor-parallel group is seeded alike
+      (``tp_group_seed``), so each draws the same global mask: replicated inputs see one mask,
+      sharded ones their shard of it -- the mask one process would draw for the whole tensor."""
     if not training or p == 0:
         return x
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate
 
     if isinstance(x, DTensor):
-        keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
-        if x.device_mesh.device_type != "cuda":
-            _same_draw_on_replicated_dims(keep)
+        mesh = x.device_mesh
+        whole = x.to_local().new_empty(x.shape, dtype=torch.bool).bernoulli_(1.0 - p)
+        # a partial-sum input (never one here) would take the same mask on every rank: Replicate
+        places = [Replicate() if pl.is_partial() else pl for pl in x.placements]
+        keep = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False).redistribute(mesh, places)
         return x * keep * (1.0 / (1.0 - p))
     return F.dropout(x, p, True)
 
 
-def _same_draw_on_replicated_dims(t) -> None:
-    """DTensor keeps a random op's result identical across a replicated mesh dimension only on CUDA
-    (its RNG tracker); elsewhere (gloo on CPU) every rank draws its own and the "replicated" tensor
-    silently diverges. Give every rank of each replicated dimension its first rank's draw."""
-    import torch.distributed as dist
-
-    local = t.to_local()
-    for dim, placement in enumerate(t.placements):
-        if placement.is_replicate():
-            dist.broadcast(local.view(torch.uint8), group=t.device_mesh.get_group(dim), group_src=0)
+def tp_group_seed(seed: int, rank: int, tp: int) -> int:
+    """The seed of a rank's random streams (dropout): one per tensor-parallel group, since the ranks
+    of a group must draw the same LoRA dropout mask (``lora_dropout``); tp is the innermost mesh
+    dimension (parallelize.build_mesh), so rank // tp numbers the groups. tp = 1: seed + rank."""
+    return seed + rank // tp
 
 
 class LoRALinear(nn.Module):
