@@ -335,6 +335,8 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
          ["train.recompute_others='full'", "none, selective"]),
         (["train.recompute=full", "train.recompute_others=selective"], 1,
          ["train.recompute_others=selective", "train.recompute_layers=0..layers per stage"]),
+        (["parallel.cp=2", "parallel.dp_shard=1", "hardware.device=cuda", "train.compile=true"], 2,
+         ["train.compile=true", "parallel.cp=2", "parallel.cp=1"]),
     ],
 )
 def test_validate_rejects(overrides, world, words):

@@ -404,6 +404,10 @@ def validate_layout(spec: RunSpec) -> None:
         if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
             raise SpecError("parallel.cp > 1 needs CUDA GPUs: in torch 2.13 context parallel attention has no "
                             "CPU kernels (no backward); use cp=1 on CPU")
+        if t.compile:
+            raise SpecError(f"train.compile=true with parallel.cp={p.cp} fails in torch 2.11: the compiled layer's "
+                            "backward sends ring attention's cuDNN backward to the CPU kernel table (seen on "
+                            "2 x H200, with and without recompute); use train.compile=false or parallel.cp=1")
     if p.pp > 1:
         vstages = stages_per_rank(p)
         if p.pp_schedule == "Interleaved1F1B" and vstages < 2:
