@@ -10,6 +10,7 @@ MFU (LoRA-aware FLOPs, trainperf.train.metrics) and peak memory for both, and th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -101,6 +102,7 @@ def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, w
 
 
 def main() -> int:
+    global LORA  # --dropout replaces the module's adapter settings, for both sides
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--seq", type=int, default=8192)
@@ -110,8 +112,11 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
     ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF stays eager)")
     ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
+    ap.add_argument("--dropout", type=float, default=LORA.dropout,
+                    help="LoRA dropout of both sides (default 0.1; 0 bounds what dropout costs)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
+    LORA = dataclasses.replace(LORA, dropout=args.dropout)
     if not torch.cuda.is_available():
         print("bench/lora_throughput.py needs a CUDA GPU", file=sys.stderr)
         return 2
