@@ -61,13 +61,13 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
     return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int, compile_layers=False,
-                    fp8: str = "none") -> dict:
+def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
+                    compile_layers=False, fp8: str = "none") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
 
-    spec = RunSpec(workload="bench", model=model_spec, lora=LORA,
+    spec = RunSpec(workload="bench", model=model_spec, lora=lora,
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,
                                    compile=compile_layers))
     spec.parallel.dp_shard = 1
@@ -79,7 +79,8 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
     return measure(model, trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 
 
-def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int, **_) -> dict:
+def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
+                  **_) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,8 +94,8 @@ def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, w
     if recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    model = get_peft_model(model, LoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, lora_dropout=LORA.dropout,
-                                             target_modules=LORA.target_modules, task_type="CAUSAL_LM"))
+    model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     return measure(lambda ids: model(input_ids=ids).logits, trainable, torch.nn.utils.clip_grad_norm_,
@@ -102,7 +103,6 @@ def bench_hf_peft(model_spec: ModelSpec, seq: int, recompute: str, steps: int, w
 
 
 def main() -> int:
-    global LORA  # --dropout replaces the module's adapter settings, for both sides
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
     ap.add_argument("--seq", type=int, default=8192)
@@ -116,17 +116,18 @@ def main() -> int:
                     help="LoRA dropout of both sides (default 0.1; 0 bounds what dropout costs)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
-    LORA = dataclasses.replace(LORA, dropout=args.dropout)
+    lora = dataclasses.replace(LORA, dropout=args.dropout)  # both sides
     if not torch.cuda.is_available():
         print("bench/lora_throughput.py needs a CUDA GPU", file=sys.stderr)
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
-    flops_tok = metrics.train_flops_per_token(model_spec, LORA, args.seq)
+    flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
     peak = metrics.peak_flops_for(torch.cuda.get_device_name())
     results = {}
     runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
     for name, fn in runs:
-        r = fn(model_spec, args.seq, args.recompute, args.steps, args.warmup, compile_layers=args.compile, fp8=args.fp8)
+        r = fn(model_spec, lora, args.seq, args.recompute, args.steps, args.warmup, compile_layers=args.compile,
+               fp8=args.fp8)
         gc.collect()
         torch.cuda.empty_cache()
         tps = args.seq / r["step_s"]

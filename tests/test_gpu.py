@@ -112,10 +112,13 @@ def test_compiled_layers_draw_eagers_dropout_masks():
 
 
 @pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")
-def test_compiled_tp2_with_lora_dropout_reaches_target(tmp_path):
-    """Compiled tensor parallel with LoRA dropout (refused before the mask moved off DTensor's RNG)."""
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_compiled_tp2_with_lora_dropout_reaches_target(tmp_path, recompute):
+    """Compiled tensor parallel with LoRA dropout (refused before the mask moved off DTensor's RNG);
+    selective recompute saves the mask (parallelize._selective_policy)."""
     out, s = run(tmp_path, "run", "mini-lora", "--nproc-per-node", "2", "--set", "parallel.tp=2",
-                 "--set", "parallel.sp=true", "--set", "parallel.dp_shard=1", "--set", "train.compile=true")
+                 "--set", "parallel.sp=true", "--set", "parallel.dp_shard=1", "--set", "train.compile=true",
+                 "--set", f"train.recompute={recompute}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert s["status"] == "success"
 

@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(f"""
     from torch.distributed.tensor.debug import CommDebugMode
     import trainperf.model.lora as lora_mod
     from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.parallel.parallelize import apply_compile, apply_tp
+    from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_tp
     from trainperf.specs import LoRASpec, ModelSpec
 
     dist.init_process_group("gloo")
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(f"""
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     result = {{}}
 
-    # 1. one global mask per tensor: the ranks of a TP group are seeded alike (lora.tp_group_seed)
+    # 1. one global mask per tensor: the ranks of a TP group are seeded alike (parallelize.tp_group_seed)
     torch.manual_seed(100)
     reference = torch.empty(512, 64, dtype=torch.bool).bernoulli_(0.75)  # what one process would draw
     torch.manual_seed(100)
@@ -68,8 +68,8 @@ SCRIPT = textwrap.dedent(f"""
         lora_mod.apply_lora(model, LoRASpec(rank=4, alpha=8, dropout=0.1))
         apply_tp(model, mesh, sequence_parallel=True)
         model.train()
-        loss = model(torch.randint(0, 128, (1, 32))).to_local().float().square().mean()
-        with CommDebugMode() as comm:
+        with CommDebugMode() as comm:  # forward too: cutting the global mask to a shard sends nothing
+            loss = model(torch.randint(0, 128, (1, 32))).to_local().float().square().mean()
             loss.backward()
         return {{str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}}
 
@@ -77,8 +77,10 @@ SCRIPT = textwrap.dedent(f"""
     ours = lora_mod.lora_dropout
 
     # 3. compiled layers (aot_eager: eager kernels, so the same draws) train exactly like eager ones:
-    # the mask is drawn on a plain tensor, which compile traces (a DTensor bernoulli_ did not)
-    def losses_and_grads(compiled):
+    # the mask is drawn on a plain tensor, which compile traces (a DTensor bernoulli_ did not); also
+    # under selective recompute, whose policy must save the mask (recomputing the draw's DTensor
+    # chain made AOT autograd try to save the DeviceMesh)
+    def losses_and_grads(compiled, recompute="none", seed=7):
         torch.manual_seed(0)
         cfg = ModelSpec(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                         num_kv_heads=4, max_position_embeddings=64)
@@ -88,19 +90,25 @@ SCRIPT = textwrap.dedent(f"""
             if "lora_B" in n:
                 torch.nn.init.normal_(q, std=0.1)  # B = 0 would hide the adapters from the loss
         apply_tp(model, mesh, sequence_parallel=True)
+        if recompute != "none":
+            apply_activation_checkpointing(model, recompute)
         if compiled:
             apply_compile(model, backend="aot_eager")
         model.train()
-        torch.manual_seed(7)
+        tokens = torch.randint(0, 128, (2, 1, 32), generator=torch.Generator().manual_seed(5))
+        torch.manual_seed(seed)  # the dropout masks' stream
         out = []
-        for _ in range(2):
-            loss = model(torch.randint(0, 128, (1, 32))).to_local().float().square().mean()
+        for i in range(2):
+            loss = model(tokens[i]).to_local().float().square().mean()
             loss.backward()
             out.append([loss.item(), sum(q.grad.to_local().double().square().sum().item()
                                          for q in model.parameters() if q.grad is not None)])
         return out
 
     result["eager"], result["compiled"] = losses_and_grads(False), losses_and_grads(True)
+    result["compiled_selective"] = losses_and_grads(True, "selective")
+    # same tokens, other masks: the comparison above would notice a different draw
+    result["eager_other_masks"] = losses_and_grads(False, seed=8)
     lora_mod.lora_dropout = lambda x, p, training: torch.native_dropout(x, p, True)[0]  # what CUDA's F.dropout runs
     result["native"] = backward_comms()
     lora_mod.lora_dropout = ours
@@ -120,15 +128,37 @@ def test_lora_dropout_under_tp_sp_needs_no_all_reduce_draws_one_global_mask_and_
     res = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert res["replicated_same"] and res["replicated_is_reference"]
     assert res["shards_0_differ"] and res["shards_1_differ"]
-    # the shards together are the mask one process draws from the same seed: TP2 drops what TP1 drops
+    # the shards together are the global mask, as one process drawing it this way from the same seed
     assert res["shards_0_are_reference"] and res["shards_1_are_reference"]
     assert abs(res["keep"] - 0.75) < 0.02  # F.dropout's distribution: keep 1 - p, scaled by 1 / (1 - p)
     assert len(res["values"]) == 2 and res["values"][0] == 0.0 and abs(res["values"][1] - 4 / 3) < 1e-6
-    # sequence parallel's own traffic only: per layer, an all-gather and a reduce-scatter per block
-    assert res["ours"] == {"all_gather_into_tensor": 2 * LAYERS, "reduce_scatter_tensor": 2 * LAYERS}
+    # forward and backward: sequence parallel's own traffic only -- per layer and direction an
+    # all-gather and a reduce-scatter per block (4 + 4), + the embedding's reduce-scatter and the LM
+    # head's all-gather (and their gradients); the masks move nothing
+    sp_only = 4 * LAYERS + 1
+    assert res["ours"] == {"all_gather_into_tensor": sp_only, "reduce_scatter_tensor": sp_only}
     # the fused-dropout path all-reduces the adapters' input gradients (the GPU trace's finding)
     assert res["native"].get("all_reduce", 0) >= LAYERS
-    assert res["native"]["reduce_scatter_tensor"] == 2 * LAYERS
-    # compiled tensor parallel with dropout: the same losses and adapter gradients as eager
+    assert res["native"]["reduce_scatter_tensor"] == sp_only
+    # compiled tensor parallel with dropout, with and without selective recompute: the same losses
+    # and adapter gradients as eager
     assert res["compiled"] == res["eager"]
-    assert res["eager"][0] != res["eager"][1]
+    assert res["compiled_selective"] == res["eager"]
+    assert res["eager_other_masks"][1] != res["eager"][1]
+
+
+def test_tp_group_seed_is_shared_within_each_tp_group_and_distinct_across_groups():
+    """The mesh's rank layout (init_device_mesh numbers ranks row-major over MESH_DIMS): the ranks of
+    one TP group must share the dropout seed, every other pair of ranks must not."""
+    import torch
+
+    from trainperf.parallel.parallelize import MESH_DIMS, tp_group_seed
+
+    sizes = {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2}
+    ranks = torch.arange(16).reshape([sizes[d] for d in MESH_DIMS])
+    tp_axis = MESH_DIMS.index("tp")
+    groups = ranks.movedim(tp_axis, -1).reshape(-1, sizes["tp"]).tolist()  # the TP groups, whatever the order
+    seeds = [{tp_group_seed(1234, r, sizes["tp"]) for r in g} for g in groups]
+    assert all(len(s) == 1 for s in seeds)
+    assert len(set().union(*seeds)) == len(groups)
+    assert [tp_group_seed(1234, r, 1) for r in range(4)] == [1234, 1235, 1236, 1237]  # tp = 1: seed + rank

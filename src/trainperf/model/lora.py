@@ -27,27 +27,25 @@ def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     - a plain draw, not DTensor's RNG: ``bernoulli_`` on a DTensor fails under torch.compile (fake
       tensors meet DTensor's CUDA RNG tracker, torch 2.11), and off CUDA DTensor keeps no replicated
       draw in step at all. Every rank of a tensor-parallel group is seeded alike
-      (``tp_group_seed``), so each draws the same global mask: replicated inputs see one mask,
-      sharded ones their shard of it -- the mask one process would draw for the whole tensor."""
+      (``parallelize.tp_group_seed``), so each draws the same global mask: replicated inputs see one
+      mask, sharded ones their shard of it (what one process drawing the global mask this way would
+      draw; one process without TP takes F.dropout, another draw). A sharded input (row-parallel
+      o/down) pays tp x the draw and a transient global-shape bool tensor; only its shard is kept."""
     if not training or p == 0:
         return x
     from torch.distributed.tensor import DTensor, Replicate
 
     if isinstance(x, DTensor):
         mesh = x.device_mesh
-        whole = x.to_local().new_empty(x.shape, dtype=torch.bool).bernoulli_(1.0 - p)
+        # the activations of TP live on the 1-D tp mesh; on more dims "Replicate" below would claim
+        # equal draws across ranks seeded differently
+        assert mesh.ndim == 1, f"LoRA dropout expects a 1-D tensor-parallel mesh, got {mesh.ndim}-D"
+        whole = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
         # a partial-sum input (never one here) would take the same mask on every rank: Replicate
         places = [Replicate() if pl.is_partial() else pl for pl in x.placements]
         keep = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False).redistribute(mesh, places)
         return x * keep * (1.0 / (1.0 - p))
     return F.dropout(x, p, True)
-
-
-def tp_group_seed(seed: int, rank: int, tp: int) -> int:
-    """The seed of a rank's random streams (dropout): one per tensor-parallel group, since the ranks
-    of a group must draw the same LoRA dropout mask (``lora_dropout``); tp is the innermost mesh
-    dimension (parallelize.build_mesh), so rank // tp numbers the groups. tp = 1: seed + rank."""
-    return seed + rank // tp
 
 
 class LoRALinear(nn.Module):

@@ -28,8 +28,7 @@ import torch.distributed as dist
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.lora import tp_group_seed
-from trainperf.parallel.parallelize import build_mesh, layout_string, placement
+from trainperf.parallel.parallelize import build_mesh, layout_string, placement, tp_group_seed
 from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, eval_skip_count,
                              grad_accum_steps)
 from trainperf.trace.capture import profiler_for
@@ -219,7 +218,7 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
     is_main = rank == 0
     if device_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    # dropout streams, one per tensor-parallel group (lora.tp_group_seed); parameters are seeded by name
+    # dropout streams, one per tensor-parallel group (tp_group_seed); parameters are seeded by name
     torch.manual_seed(tp_group_seed(spec.train.seed, rank, spec.parallel.tp))
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
