@@ -246,4 +246,6 @@ def print_summary(s: dict, top: int = 10) -> None:
                       f"taken out of idle, then collective waits): step {_ms(u['step_s'])} ms = compute "
                       f"{_ms(u['compute_s'])} + exposed comm {_ms(u['exposed_comm_s'])} + idle {_ms(u['idle_s'])} ms "
                       f"(+ mem copies, overlaps)")
+    if s.get("overhead_hint"):
+        console.print(f"[yellow]{s['overhead_hint']}[/yellow]")
     console.print(f"summary: {s.get('summary_file')}")
