@@ -337,6 +337,8 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
          ["train.recompute_others=selective", "train.recompute_layers=0..layers per stage"]),
         (["parallel.cp=2", "parallel.dp_shard=1", "hardware.device=cuda", "train.compile=true"], 2,
          ["train.compile=true", "parallel.cp=2", "parallel.cp=1"]),
+        (["hardware.frozen_dtype=fp8"], 1, ["hardware.frozen_dtype=fp8", "lora.rank > 0", "hardware.fp8=tensorwise"]),
+        (["hardware.frozen_dtype=e5m2"], 1, ["hardware.frozen_dtype='e5m2'", "auto, fp32, bf16, fp8"]),
     ],
 )
 def test_validate_rejects(overrides, world, words):

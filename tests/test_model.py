@@ -654,3 +654,43 @@ def test_compiled_full_recompute_layers_checkpoint_around_the_compiled_forward()
     out.sum().backward()
     # what the checkpoint keeps: the layer's arguments (hidden states, cos, sin), nothing from inside
     assert sorted(saved) == sorted([(2, 24, 32), (24, 16), (24, 16)]), saved
+
+
+def test_float8_stored_base_loads_a_checkpoint_computes_like_the_dynamic_cast_and_exports_in_full(tmp_path, gloo_group):
+    """hardware.frozen_dtype=fp8 through the engine (one gloo process, emulated float8 GEMMs): a real
+    checkpoint loads into float8 weights (each scaled from its whole tensor), the forward equals the
+    dynamic-cast path's to the bit, the frozen decoder weights take a byte each, and a base export
+    gives them back in the base's dtype within float8 rounding."""
+    pytest.importorskip("torchao")
+    from test_bad_input import make_checkpoint
+
+    from trainperf.parallel.parallelize import build_mesh
+    from trainperf.specs import resolve_layout, resolve_spec
+    from trainperf.train.engine import Engine
+    from trainperf.workloads.mini import mini_lora_defaults
+
+    ck = make_checkpoint(tmp_path / "ck")
+
+    def engine(extra):
+        spec = resolve_spec(mini_lora_defaults(), None, ["hardware.device=cpu", "parallel.dp_shard=1",
+                                                         "hardware.fp8=tensorwise", f"model.path={ck}", *extra])
+        resolve_layout(spec, 1)
+        return Engine(spec, build_mesh(spec.parallel, "cpu"), torch.device("cpu"), None)
+
+    dynamic, stored = engine([]), engine(["hardware.frozen_dtype=fp8"])
+    (_, md), (_, ms) = dynamic.parts[0], stored.parts[0]
+    f8 = {n for n, q in ms.named_parameters() if q.dtype == torch.float8_e4m3fn}
+    assert f8 and all(".layers." in n and n.endswith("proj.weight") for n in f8)  # decoder projections only
+    assert {n for n, q in md.named_parameters() if q.dtype == torch.float8_e4m3fn} == set()
+    ids = torch.randint(0, dynamic.spec.model.vocab_size, (2, 32))
+    md.eval()
+    ms.eval()
+    with torch.no_grad():
+        assert torch.equal(md(ids), ms(ids))
+    nbytes = lambda m: sum(q.numel() * q.element_size() for n, q in m.named_parameters() if n in f8)  # noqa: E731
+    assert nbytes(ms) * 4 == nbytes(md)  # fp32 base on CPU -> 1 byte
+    base_d, base_s = dynamic.gather(base_only=True), stored.gather(base_only=True)
+    for n in f8:
+        assert base_s[n].dtype == base_d[n].dtype
+        err = (base_s[n] - base_d[n]).abs().max() / base_d[n].abs().max()
+        assert 0 < err < 2 ** -3  # e4m3 keeps 3 mantissa bits

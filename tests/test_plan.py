@@ -622,3 +622,18 @@ def test_fp8_changes_only_the_decoder_gemms_and_their_casts():
     lora = fp8_cast_elements(spec_for(), 8192, 1)
     full = fp8_cast_elements(spec_for("lora.rank=0"), 8192, 1)
     assert full > lora and fp8_cast_elements(spec_for(), 8192, 2) == pytest.approx(lora / 2)
+
+def test_float8_stored_frozen_base_takes_a_byte_per_decoder_projection_weight():
+    """hardware.frozen_dtype=fp8: the sharded frozen decoder projections at 1 byte instead of the bf16
+    base's 2 (norms, embedding and LM head unchanged); step time unchanged."""
+    from trainperf.plan.costs import layer_params
+
+    gpu = PRESETS["h200"]
+    sets = ("parallel.dp_shard=2", "hardware.fp8=tensorwise", "train.compile=true")
+    dynamic, stored = (estimate(spec_for(*sets, *extra), gpu, 8) for extra in ((), ("hardware.frozen_dtype=fp8",)))
+    spec = spec_for(*sets)
+    m = spec.model
+    projections = m.num_layers * (layer_params(spec) - 2 * m.hidden_size)  # minus the two norms per layer
+    saved = dynamic.memory["weights_sharded"] - stored.memory["weights_sharded"]
+    assert saved == pytest.approx((2.0 - 1.0) * projections / 2)  # a byte less per weight, over 2 shards
+    assert stored.step_time_s == pytest.approx(dynamic.step_time_s)

@@ -533,8 +533,12 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(f"hardware.device={spec.hardware.device!r}: valid values are auto, cpu, cuda")
     if spec.hardware.dtype not in ("auto", "fp32", "bf16"):
         raise SpecError(f"hardware.dtype={spec.hardware.dtype!r}: valid values are auto, fp32, bf16")
-    if spec.hardware.frozen_dtype not in ("auto", "fp32", "bf16"):
-        raise SpecError(f"hardware.frozen_dtype={spec.hardware.frozen_dtype!r}: valid values are auto, fp32, bf16")
+    if spec.hardware.frozen_dtype not in ("auto", "fp32", "bf16", "fp8"):
+        raise SpecError(f"hardware.frozen_dtype={spec.hardware.frozen_dtype!r}: valid values are auto, fp32, bf16, fp8")
+    if spec.hardware.frozen_dtype == "fp8" and not (spec.lora.enabled and spec.hardware.fp8 == "tensorwise"):
+        raise SpecError("hardware.frozen_dtype=fp8 stores LoRA's frozen base in float8 for the tensorwise float8 "
+                        f"GEMMs; it needs lora.rank > 0 and hardware.fp8=tensorwise (got lora.rank={spec.lora.rank}, "
+                        f"hardware.fp8={spec.hardware.fp8})")
     if spec.hardware.frozen_dtype == "bf16" and not (
             spec.hardware.dtype == "bf16" or (spec.hardware.dtype == "auto" and spec.hardware.device != "cpu" and _cuda_available())):
         raise SpecError("hardware.frozen_dtype=bf16 needs bf16 compute (hardware.dtype=bf16, or auto on a GPU); "

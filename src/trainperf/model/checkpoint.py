@@ -230,11 +230,13 @@ def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | No
     return reader.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
 
 
-def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None) -> int:
+def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None, float8_recipe=None) -> int:
     """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
 
     Each rank reads only its own block where the sharding allows it, else one full tensor at a
-    time (never the whole model). LoRA adapters are not in a base checkpoint: left as initialised."""
+    time (never the whole model). LoRA adapters are not in a base checkpoint: left as initialised.
+    ``float8_recipe``: torchao's config for weights stored in float8 (hardware.frozen_dtype=fp8),
+    each quantised from its whole tensor."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     reader = _TensorReader(index, model)
@@ -245,6 +247,13 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
                 continue
             if on_tensor is not None:  # progress: one call per base tensor
                 on_tensor(name)
+            if param.dtype == torch.float8_e4m3fn:  # hardware.frozen_dtype=fp8: scaled from the whole tensor
+                from trainperf.model.float8 import write_float8_weight
+
+                full = to_storage(model, name, reader.full_tensor_for(name))
+                nbytes += full.numel() * full.element_size()
+                write_float8_weight(model, name, param, full, float8_recipe)
+                continue
             local = _local_slice(reader, name, param)
             if local is not None:
                 nbytes += local.numel() * local.element_size()
@@ -322,5 +331,9 @@ def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_
         if (only_adapters and not is_adapter_param(name)) or (base_only and is_adapter_param(name)):
             continue
         t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+        if t.dtype == torch.float8_e4m3fn:  # hardware.frozen_dtype=fp8: back in the base's dtype
+            from trainperf.model.float8 import dequantize_float8_weight
+
+            t = dequantize_float8_weight(model, name, t)
         out[name] = from_storage(model, name, t.detach()).to("cpu", copy=True)
     return out

@@ -9,6 +9,13 @@ gradient -- a third GEMM a frozen base does not need (the FLOPs the LoRA-aware M
 out). ``FrozenFloat8Matmul`` uses torchao's own scaling and scaled-matmul tensor for the forward
 (x e4m3 · W e4m3) and the input gradient (dy e5m2 · W e4m3) only, and saves just W for backward.
 The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
+
+``hardware.frozen_dtype = fp8`` (LoRA, tensorwise) also *stores* those frozen weights in float8:
+quantised once, from the full tensor, exactly as the per-use dynamic cast would (the weight is
+frozen, so its amax and scale never change), with the scale kept beside it (``weight_scale``). Half
+the bytes per shard; FSDP2 gathers them in its compute dtype (bf16 holds every float8 value
+exactly) and the matmul re-types them to float8 with the stored scale -- bit-identical to the
+dynamic path, without its amax pass.
 """
 
 from __future__ import annotations
@@ -50,28 +57,55 @@ def _to_float8(t: torch.Tensor, cast_config, mm_config, role, axis: int, config)
                                        round_scales_to_power_of_2=config.round_scales_to_power_of_2)
 
 
+FLOAT8_STORAGE = torch.float8_e4m3fn  # tensorwise recipe's weight dtype
+
+
+def quantize_frozen_weight(full: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 data, scale) of a whole frozen weight, as torchao's dynamic weight cast makes them
+    (data = saturate(W * scale), scale = float8 max / amax(W), tensorwise)."""
+    from torchao.float8.float8_training_tensor import GemmInputRole
+
+    w8 = _to_float8(full, config.cast_config_weight, linear_mm_config(config), GemmInputRole.WEIGHT, 0, config)
+    return w8._data, w8._scale
+
+
+def _stored_float8(weight: torch.Tensor, scale: torch.Tensor, orig_dtype, mm_config):
+    """A float8-stored frozen weight (gathered as bf16 by FSDP2, or float8 as stored) as torchao's
+    float8 tensor: the exact re-typing back to float8, with the stored scale."""
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+
+    return Float8TrainingTensor(weight.to(FLOAT8_STORAGE), scale, orig_dtype, mm_config, GemmInputRole.WEIGHT)
+
+
 class FrozenFloat8Matmul(torch.autograd.Function):
-    """y = x W^T in float8 for a frozen W: forward and input gradient, no weight gradient."""
+    """y = x W^T in float8 for a frozen W: forward and input gradient, no weight gradient.
+    ``scale``: W is stored in float8 with this scale (hardware.frozen_dtype=fp8), else None."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mm_config, config) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mm_config, config, scale=None) -> torch.Tensor:
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        ctx.save_for_backward(weight)
+        if scale is None:
+            ctx.save_for_backward(weight)
+        else:
+            ctx.save_for_backward(weight, scale)
         ctx.mm_config, ctx.config = mm_config, config
         x2 = x.reshape(-1, x.shape[-1])
         x8 = _to_float8(x2, config.cast_config_input, mm_config, GemmInputRole.INPUT, -1, config)
-        w8_t = _to_float8(weight.t(), config.cast_config_weight, mm_config, GemmInputRole.WEIGHT, 0, config)
+        if scale is None:
+            w8_t = _to_float8(weight.t(), config.cast_config_weight, mm_config, GemmInputRole.WEIGHT, 0, config)
+        else:
+            w8_t = _stored_float8(weight, scale, x.dtype, mm_config).t()
         return torch.mm(x8, w8_t).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        (weight,) = ctx.saved_tensors
+        weight, scale = (*ctx.saved_tensors, None)[:2]
         config, mm_config = ctx.config, ctx.mm_config
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and weight.dtype != FLOAT8_STORAGE:
             # Compiled, this weight cast and the forward's are the same op on the same input
             # (tensorwise): the partitioner may merge them and keep the float8 copy of every
             # unsharded weight from forward to backward (a byte per element; 1 < 2 bytes of the bf16
@@ -81,17 +115,21 @@ class FrozenFloat8Matmul(torch.autograd.Function):
             # folded: NaN semantics; fused into the cast) pins this cast to the backward pass.
             weight = weight + g2[:1, :1].to(weight.dtype) * 0
         g8 = _to_float8(g2, config.cast_config_grad_output, mm_config, GemmInputRole.GRAD_OUTPUT, -1, config)
-        w8_t = _to_float8(weight.t(), config.cast_config_weight_for_grad_input, mm_config, GemmInputRole.WEIGHT, -1,
-                          config)
-        grad_x = torch.mm(g8, w8_t.t()).reshape(*grad_out.shape[:-1], weight.shape[1])
-        return grad_x, None, None, None
+        if scale is None:
+            w8 = _to_float8(weight.t(), config.cast_config_weight_for_grad_input, mm_config, GemmInputRole.WEIGHT,
+                            -1, config).t()
+        else:
+            w8 = _stored_float8(weight, scale, grad_out.dtype, mm_config)
+        grad_x = torch.mm(g8, w8).reshape(*grad_out.shape[:-1], weight.shape[1])
+        return grad_x, None, None, None, None
 
 
-def frozen_linear(x: torch.Tensor, weight: torch.Tensor, float8) -> torch.Tensor:
-    """``F.linear(x, weight)`` of a frozen weight; in float8 when ``float8`` is (mm_config, config)."""
+def frozen_linear(x: torch.Tensor, weight: torch.Tensor, float8, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight)`` of a frozen weight; in float8 when ``float8`` is (mm_config, config);
+    ``scale``: the weight is stored in float8 with this scale."""
     if float8 is None:
         return F.linear(x, weight)
-    return FrozenFloat8Matmul.apply(x, weight, *float8)
+    return FrozenFloat8Matmul.apply(x, weight, *float8, scale)
 
 
 class FrozenFloat8Linear(nn.Linear):
@@ -100,7 +138,7 @@ class FrozenFloat8Linear(nn.Linear):
     and recompile per layer."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return frozen_linear(x, self.weight, self._float8)
+        return frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
 
 
 def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
@@ -129,3 +167,45 @@ def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
     convert_to_float8_training(layers, config=config)
     return before
 
+
+
+def float8_frozen_linears(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers' frozen Linears whose GEMMs run in float8 (LoRA's bases and, where LoRA
+    does not target them, the other frozen projections) -- the weights frozen_dtype=fp8 stores."""
+    from trainperf.model.lora import LoRALinear
+
+    return [m for m in model.model.layers.modules() if isinstance(m, LoRALinear)
+            or (isinstance(m, nn.Linear) and not m.weight.requires_grad)]
+
+
+def store_frozen_weights_in_float8(model: nn.Module, hp_dtype: torch.dtype) -> int:
+    """Re-type the frozen decoder-layer weights of a meta model to float8, each with a ``weight_scale``
+    buffer; ``hp_dtype``: the dtype the per-use dynamic cast would have quantised from (the base's
+    storage dtype otherwise), so the stored values are what that cast makes. Returns the count."""
+    linears = float8_frozen_linears(model)
+    for m in linears:
+        m.weight = nn.Parameter(torch.empty_like(m.weight, dtype=FLOAT8_STORAGE), requires_grad=False)
+        m.register_buffer("weight_scale", torch.ones((), dtype=torch.float32, device=m.weight.device))
+        m._float8_hp_dtype = hp_dtype
+    return len(linears)
+
+
+def write_float8_weight(model: nn.Module, name: str, param: torch.Tensor, full: torch.Tensor, config) -> None:
+    """Quantise the whole weight ``full`` (storage order) and write this rank's block of it into the
+    float8 parameter ``name``, its scale into the owner's ``weight_scale`` (every rank computes the
+    same scale from the same whole tensor: no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    owner = model.get_submodule(name.rpartition(".")[0])
+    data, scale = quantize_frozen_weight(full.to(param.device, owner._float8_hp_dtype), config)
+    if isinstance(param, DTensor):
+        data = distribute_tensor(data, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param = param.to_local()
+    param.copy_(data)
+    owner.weight_scale.copy_(scale)
+
+
+def dequantize_float8_weight(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """A whole float8-stored weight back in the base's dtype (what the GEMMs saw, not the original)."""
+    owner = model.get_submodule(name.rpartition(".")[0])
+    return (full.to(torch.float32) / owner.weight_scale.to(full.device)).to(owner._float8_hp_dtype)

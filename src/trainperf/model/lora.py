@@ -68,7 +68,8 @@ class LoRALinear(nn.Module):
         # run without FSDP (parallelize.py) keeps fp32 adapters next to a bf16 base, and the cast is
         # then FSDP2's mixed precision: bf16 GEMMs, gradients back to the fp32 masters through it.
         a, b = self.lora_A.weight.to(x.dtype), self.lora_B.weight.to(x.dtype)
-        return frozen_linear(x, self.weight, self._float8) + F.linear(F.linear(dropped, a), b) * self.scaling
+        base = frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
+        return base + F.linear(F.linear(dropped, a), b) * self.scaling
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:

@@ -185,8 +185,12 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     psi_train = metrics.lora_params(m, lo) / pp if lo.enabled else psi
     # ---- memory (bytes per GPU); ZeRO paper (arXiv 1910.02054) accounting adapted to FSDP2
     frozen_bytes = 4.0 if "fp32" in (spec.hardware.frozen_dtype, spec.hardware.dtype) else 2.0
-    est.memory["weights_sharded"] = (4.0 * psi_train + frozen_bytes * (psi - psi_train)) / (t * d) if lo.enabled \
-        else 4.0 * psi / (t * d)
+    frozen = psi - psi_train
+    # frozen_dtype=fp8: the decoder layers' frozen projections at a byte each (the norms, embedding
+    # and LM head as auto stores them); their scales are one float each
+    float8_stored = L_rank * (p_layer - 2 * h) if lo.enabled and spec.hardware.frozen_dtype == "fp8" else 0.0
+    est.memory["weights_sharded"] = (4.0 * psi_train + frozen_bytes * (frozen - float8_stored) + float8_stored) \
+        / (t * d) if lo.enabled else 4.0 * psi / (t * d)
     gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
     # + the root's LM head, never resharded after forward (backward needs it first)
     est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t

@@ -17,6 +17,7 @@ from torch import nn
 
 from trainperf.model import checkpoint as ckpt
 from trainperf.model.llama import build_on_meta, init_full_tensor
+from trainperf.model.float8 import FLOAT8_STORAGE, float8_config, store_frozen_weights_in_float8, write_float8_weight
 from trainperf.model.lora import apply_lora, is_adapter_param
 from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline
 from trainperf.specs import RunSpec, grad_accum_steps, stages_per_rank
@@ -31,14 +32,17 @@ def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
     with torch.no_grad():
         for name, p in part.named_parameters():
             full = ckpt.to_storage(part, name, init_full_tensor(name, p.shape, spec.model, spec.train.seed, device))
-            if isinstance(p, DTensor):
+            if p.dtype == FLOAT8_STORAGE:  # hardware.frozen_dtype=fp8
+                write_float8_weight(part, name, p, full, float8_config(spec.hardware.fp8, emulate=device.type != "cuda"))
+            elif isinstance(p, DTensor):
                 p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
             else:
                 p.copy_(full)
 
 
 def frozen_storage_dtype(spec: RunSpec, param_dtype) -> torch.dtype | None:
-    """The dtype a LoRA run stores its frozen base in (None: leave it fp32)."""
+    """The dtype a LoRA run stores its frozen base in (None: leave it fp32). With frozen_dtype=fp8
+    this is the dtype of the rest of the base (embedding, norms, LM head), as auto would choose."""
     h = spec.hardware
     if not spec.lora.enabled or h.frozen_dtype == "fp32":
         return None
@@ -71,6 +75,8 @@ class Engine:
             frozen = frozen_storage_dtype(spec, param_dtype)
             if frozen is not None:
                 store_frozen_base_in(model, frozen)
+            if spec.hardware.frozen_dtype == "fp8":  # the decoder layers' frozen weights: float8 + scale
+                store_frozen_weights_in_float8(model, frozen or torch.float32)
         if p.pp > 1:
             self.parts = split_for_pipeline(model, p, mesh["pp"].get_local_rank())
         else:
@@ -82,7 +88,9 @@ class Engine:
         if spec.model.path:  # untimed: before run_start
             t0 = time.perf_counter()
             index = ckpt.inspect_checkpoint(spec.model.path)
-            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index, on_load_tensor) for _, part in self.parts)
+            recipe = (float8_config(spec.hardware.fp8, emulate=device.type != "cuda")
+                      if spec.hardware.frozen_dtype == "fp8" else None)
+            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index, on_load_tensor, recipe) for _, part in self.parts)
             self.load_s = time.perf_counter() - t0
         if spec.lora.enabled:  # only adapters train, whatever a parallel style did to the flags
             for _, part in self.parts:
