@@ -168,7 +168,6 @@ def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
     return before
 
 
-
 def float8_frozen_linears(model: nn.Module) -> list[nn.Module]:
     """The decoder layers' frozen Linears whose GEMMs run in float8 (LoRA's bases and, where LoRA
     does not target them, the other frozen projections) -- the weights frozen_dtype=fp8 stores."""

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.float8 import FLOAT8_STORAGE, float8_config, store_frozen_weights_in_float8, write_float8_weight
+from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.lora import apply_lora, is_adapter_param
 from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline
 from trainperf.specs import RunSpec, grad_accum_steps, stages_per_rank
