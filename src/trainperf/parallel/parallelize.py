@@ -242,14 +242,18 @@ def _selective_policy(adapter_rank: int | None = None):
         a, b = args[-2], args[-1]  # addmm(bias, a, b), mm(a, b), bmm(a, b)
         return adapter_rank in (a.shape[-1], b.shape[-1])  # inner dim r (B) or output width r (A)
 
-    # LoRA dropout's mask under tensor parallel (model/lora.py) is a plain draw, then DTensor's
-    # from_local + redistribute: recomputing that chain made AOT autograd save the DeviceMesh
-    # itself (an assertion, torch 2.13, compiled TP + selective); the mask is saved instead (1 byte
-    # per element). CUDA's fused dropout without TP is native_dropout, not one of these.
+    # LoRA dropout's mask under tensor parallel (model/lora.py) is a plain boolean draw, then
+    # DTensor's from_local + redistribute: recomputing that chain made AOT autograd save the
+    # DeviceMesh itself (an assertion, torch 2.13, compiled TP + selective); that mask is saved
+    # instead (1 byte per element). Other draws -- CUDA's fused dropout (native_dropout), CPU's
+    # F.dropout (bernoulli_ into a float mask) -- are recomputed as before.
     random_draws = {torch.ops.aten.bernoulli_.float, torch.ops.aten.bernoulli.p, torch.ops.aten.bernoulli.default}
 
+    def is_boolean_mask_draw(op, args) -> bool:
+        return op in random_draws and bool(args) and getattr(args[0], "dtype", None) == torch.bool
+
     def policy(ctx, op, *args, **kwargs):
-        if (op in save and not is_adapter_gemm(op, args)) or op in random_draws:
+        if (op in save and not is_adapter_gemm(op, args)) or is_boolean_mask_draw(op, args):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
