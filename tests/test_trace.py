@@ -180,7 +180,7 @@ def test_unprofiled_estimate_takes_the_profiler_time_out_of_idle_then_waits():
 def test_overhead_hint_names_a_host_paced_step_and_stays_quiet_within_the_goal():
     est = {"totals": {"step_s": 1.563, "idle_s": 0.036, "collective_wait_s": 0.286}}  # compiled TP2+SP, mb 1
     hint = A.overhead_hint({"overhead_pct": 43.5}, est)
-    assert hint.startswith("host-paced step") and "322 of 1563 ms" in hint and "+43.5%" in hint
+    assert hint.startswith("host-paced step") and "waits 322 of 1563 ms" in hint and "+43.5%" in hint
     busy = {"totals": {"step_s": 2.0, "idle_s": 0.02, "collective_wait_s": 0.0}}
     assert A.overhead_hint({"overhead_pct": 5.0}, busy).startswith("profiler overhead +5.0% on a step whose GPU is busy")
     assert A.overhead_hint({"overhead_pct": 0.4}, est) is None  # within the 3% goal

@@ -141,7 +141,8 @@ class HardwareSpec:
     dtype: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
     memory_check: bool = True  # refuse, before launch, a run the planner predicts will not fit
     # storage dtype of a LoRA run's frozen base weights: auto = the compute dtype (bf16 on GPU), so the
-    # base costs 2 bytes/parameter instead of an fp32 master copy nothing ever updates
+    # base costs 2 bytes/parameter instead of an fp32 master copy nothing ever updates; fp8 (with
+    # fp8=tensorwise): the decoder layers' frozen projections in float8 + a scale each, 1 byte
     frozen_dtype: str = "auto"
     # float8 GEMMs in the decoder layers through torchao: none | tensorwise | rowwise (model/float8.py)
     fp8: str = "none"

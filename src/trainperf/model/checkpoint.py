@@ -235,8 +235,9 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
 
     Each rank reads only its own block where the sharding allows it, else one full tensor at a
     time (never the whole model). LoRA adapters are not in a base checkpoint: left as initialised.
-    ``float8_recipe``: torchao's config for weights stored in float8 (hardware.frozen_dtype=fp8),
-    each quantised from its whole tensor."""
+    ``float8_recipe``: torchao's config for weights stored in float8 (hardware.frozen_dtype=fp8):
+    every rank reads each such tensor whole (its scale comes from the whole tensor, with no
+    collective), so those weights cost world-size times the reads of a plain load."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     reader = _TensorReader(index, model)
@@ -330,10 +331,17 @@ def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_
     for name, param in model.named_parameters():
         if (only_adapters and not is_adapter_param(name)) or (base_only and is_adapter_param(name)):
             continue
-        t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-        if t.dtype == torch.float8_e4m3fn:  # hardware.frozen_dtype=fp8: back in the base's dtype
+        if param.dtype == torch.float8_e4m3fn:  # hardware.frozen_dtype=fp8: back in the base's dtype,
+            # shard by shard before gathering (gloo's collectives take no float8)
             from trainperf.model.float8 import dequantize_float8_weight
 
-            t = dequantize_float8_weight(model, name, t)
+            if isinstance(param, DTensor):
+                local = dequantize_float8_weight(model, name, param.to_local())
+                t = DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
+                                       stride=param.stride()).full_tensor()
+            else:
+                t = dequantize_float8_weight(model, name, param.detach())
+        else:
+            t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
         out[name] = from_storage(model, name, t.detach()).to("cpu", copy=True)
     return out

@@ -13,9 +13,9 @@ The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
 ``hardware.frozen_dtype = fp8`` (LoRA, tensorwise) also *stores* those frozen weights in float8:
 quantised once, from the full tensor, exactly as the per-use dynamic cast would (the weight is
 frozen, so its amax and scale never change), with the scale kept beside it (``weight_scale``). Half
-the bytes per shard; FSDP2 gathers them in its compute dtype (bf16 holds every float8 value
-exactly) and the matmul re-types them to float8 with the stored scale -- bit-identical to the
-dynamic path, without its amax pass.
+the bytes per shard; FSDP2 gathers them in its compute dtype under bf16 mixed precision (bf16 holds
+every float8 value exactly) and the matmul re-types them to float8 with the stored scale -- the
+dynamic path's values without its amax pass (bit-identical losses on CPU; not yet run on a GPU).
 """
 
 from __future__ import annotations

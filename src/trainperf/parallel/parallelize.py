@@ -376,15 +376,18 @@ def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dty
     """One process whose frozen parameters are stored in the compute dtype (LoRA with a bf16 base):
     FSDP2 would shard nothing, only copy every layer's weights into its gather buffer and out again
     before each forward and backward (4,400 copies per step of the 7B LoRA on one H200, 2.5% of it)
-    and run its hooks. The adapters then cast themselves to the compute dtype (LoRALinear.forward)."""
+    and run its hooks. The adapters then cast themselves to the compute dtype (LoRALinear.forward).
+    Float8-stored frozen projections (hardware.frozen_dtype=fp8) qualify too: their matmul takes the
+    float8 weight as stored."""
     if mesh.size() != 1 or param_dtype is None:
         return False
+    from trainperf.model.float8 import FLOAT8_STORAGE
     from trainperf.model.lora import is_adapter_param
 
     params = list(model.named_parameters())
     trains = [name for name, q in params if q.requires_grad]
     return bool(trains) and all(is_adapter_param(name) for name in trains) \
-        and all(q.dtype == param_dtype for _, q in params if not q.requires_grad)
+        and all(q.dtype in (param_dtype, FLOAT8_STORAGE) for _, q in params if not q.requires_grad)
 
 
 def loss_scale(p: ParallelSpec) -> int:

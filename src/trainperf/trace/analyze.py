@@ -748,9 +748,9 @@ def overhead_hint(over: dict, estimate: dict | None) -> str | None:
     if u["step_s"] <= 0 or waiting / u["step_s"] < HOST_PACED_SHARE:
         return (f"profiler overhead {pct:+.1f}% on a step whose GPU is busy (estimated): "
                 "the breakdown is distorted by it; compare with the unprofiled estimate")
-    return (f"host-paced step: unprofiled, the GPU waits on the host {1e3 * waiting:.0f} of "
-            f"{1e3 * u['step_s']:.0f} ms (idle + collective waits, estimated), and the profiler's per-op "
-            f"host cost adds to exactly that ({pct:+.1f}%); read the unprofiled estimate. A GPU-bound "
+    return (f"host-paced step: unprofiled, the GPU waits {1e3 * waiting:.0f} of {1e3 * u['step_s']:.0f} ms "
+            "(idle, and inside collectives for a slower rank; estimated), and the profiler's per-op host "
+            f"cost lengthens such a step ({pct:+.1f}%); read the unprofiled estimate. A GPU-bound "
             "configuration traces within 3% (train.compile=true, a larger train.micro_batch_size: "
             "7B TP2+SP went from +43% to +0.4%, docs/OBSERVABILITY.md)")
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from trainperf.trace import SUMMARY_FILE, TRACE_DIR
+from trainperf.trace.analyze import OVERHEAD_GOAL_PCT
 
 HELP = "profile a few training steps on every rank: compute, comm, overlap, collectives, stragglers"
 DESCRIPTION = ("Run WORKLOAD for a few steps with torch.profiler on every rank (after warm-up), then report compute / "
@@ -241,7 +242,7 @@ def print_summary(s: dict, top: int = 10) -> None:
                       f"{next(iter(o['per_rank']))}: {_ms(r0['profiled_step_s'])} ms profiled vs "
                       f"{_ms(r0['baseline_step_s'])} ms unprofiled), trace export {r0['export_s']:.2f} s once")
     u = (s.get("unprofiled_estimate") or {}).get("totals")
-    if u and o.get("overhead_pct") is not None and o["overhead_pct"] > 3.0:
+    if u and o.get("overhead_pct") is not None and o["overhead_pct"] > OVERHEAD_GOAL_PCT:
         console.print(f"unprofiled step, estimated (the profiler's {_ms(u['profiler_extra_s'])} ms of host time "
                       f"taken out of idle, then collective waits): step {_ms(u['step_s'])} ms = compute "
                       f"{_ms(u['compute_s'])} + exposed comm {_ms(u['exposed_comm_s'])} + idle {_ms(u['idle_s'])} ms "
