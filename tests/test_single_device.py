@@ -65,3 +65,21 @@ def test_full_training_and_fp32_bases_keep_fsdp(gloo_group):
     model = build_on_meta(spec.model)
     apply_lora(model, spec.lora)
     assert par.runs_without_fsdp(model, par.build_mesh(spec.parallel, "cpu"), None) is False
+
+
+def test_one_process_with_a_float8_stored_base_skips_fsdp_and_trains_like_it_under_fsdp(gloo_group):
+    """hardware.frozen_dtype=fp8 (emulated float8 GEMMs on CPU): the matmul takes the float8 weights as
+    stored, so one process skips FSDP2 here too, and trains exactly as under FSDP2 (which gathers the
+    float8 shards as bf16)."""
+    import pytest
+    from torch.distributed.fsdp import FSDPModule
+
+    pytest.importorskip("torchao")
+    fp8 = ("hardware.fp8=tensorwise", "hardware.frozen_dtype=fp8")
+    plain, losses, adapters = _two_steps(*fp8)
+    sharded, ref_losses, ref_adapters = _two_steps(*fp8, fsdp=True)
+    assert not isinstance(plain, FSDPModule) and isinstance(sharded, FSDPModule)
+    assert any(q.dtype == torch.float8_e4m3fn for q in plain.parameters())
+    assert losses == ref_losses and losses[1] != losses[0]
+    for name, ref in ref_adapters.items():
+        torch.testing.assert_close(adapters[name], ref, rtol=0, atol=0)
