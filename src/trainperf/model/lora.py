@@ -30,7 +30,8 @@ def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
       (``parallelize.tp_group_seed``), so each draws the same global mask: replicated inputs see one
       mask, sharded ones their shard of it (what one process drawing the global mask this way would
       draw; one process without TP takes F.dropout, another draw). A sharded input (row-parallel
-      o/down) pays tp x the draw and a transient global-shape bool tensor; only its shard is kept."""
+      o/down) pays tp x the draw and a transient global-shape bool tensor; only its shard is kept
+      (under selective recompute the whole draw is saved instead: parallelize._selective_policy)."""
     if not training or p == 0:
         return x
     from torch.distributed.tensor import DTensor, Replicate
