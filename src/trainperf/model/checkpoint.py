@@ -230,14 +230,14 @@ def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | No
     return reader.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
 
 
-def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None, float8_recipe=None) -> int:
+def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None) -> int:
     """Copy checkpoint tensors into the model's (possibly sharded) parameters; returns bytes read.
 
     Each rank reads only its own block where the sharding allows it, else one full tensor at a
     time (never the whole model). LoRA adapters are not in a base checkpoint: left as initialised.
-    ``float8_recipe``: torchao's config for weights stored in float8 (hardware.frozen_dtype=fp8):
-    every rank reads each such tensor whole (its scale comes from the whole tensor, with no
-    collective), so those weights cost world-size times the reads of a plain load."""
+    Weights stored in float8 (hardware.frozen_dtype=fp8): every rank reads each such tensor whole
+    (its scale comes from the whole tensor, with no collective), so those weights cost world-size
+    times the reads of a plain load."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     reader = _TensorReader(index, model)
@@ -253,7 +253,7 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
 
                 full = to_storage(model, name, reader.full_tensor_for(name))
                 nbytes += full.numel() * full.element_size()
-                write_float8_weight(model, name, param, full, float8_recipe)
+                write_float8_weight(model, name, param, full)
                 continue
             local = _local_slice(reader, name, param)
             if local is not None:

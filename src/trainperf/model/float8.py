@@ -85,10 +85,7 @@ class FrozenFloat8Matmul(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mm_config, config, scale=None) -> torch.Tensor:
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        if scale is None:
-            ctx.save_for_backward(weight)
-        else:
-            ctx.save_for_backward(weight, scale)
+        ctx.save_for_backward(weight, scale)
         ctx.mm_config, ctx.config = mm_config, config
         x2 = x.reshape(-1, x.shape[-1])
         x8 = _to_float8(x2, config.cast_config_input, mm_config, GemmInputRole.INPUT, -1, config)
@@ -102,7 +99,7 @@ class FrozenFloat8Matmul(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         from torchao.float8.float8_training_tensor import GemmInputRole
 
-        weight, scale = (*ctx.saved_tensors, None)[:2]
+        weight, scale = ctx.saved_tensors
         config, mm_config = ctx.config, ctx.mm_config
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         if torch.compiler.is_compiling() and weight.dtype != FLOAT8_STORAGE:
@@ -189,14 +186,15 @@ def store_frozen_weights_in_float8(model: nn.Module, hp_dtype: torch.dtype) -> i
     return len(linears)
 
 
-def write_float8_weight(model: nn.Module, name: str, param: torch.Tensor, full: torch.Tensor, config) -> None:
+def write_float8_weight(model: nn.Module, name: str, param: torch.Tensor, full: torch.Tensor) -> None:
     """Quantise the whole weight ``full`` (storage order) and write this rank's block of it into the
     float8 parameter ``name``, its scale into the owner's ``weight_scale`` (every rank computes the
-    same scale from the same whole tensor: no collective)."""
+    same scale from the same whole tensor: no collective). The recipe is the one apply_float8 gave
+    the owner (parallelize runs before weights are written)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     owner = model.get_submodule(name.rpartition(".")[0])
-    data, scale = quantize_frozen_weight(full.to(param.device, owner._float8_hp_dtype), config)
+    data, scale = quantize_frozen_weight(full.to(param.device, owner._float8_hp_dtype), owner._float8[1])
     if isinstance(param, DTensor):
         data = distribute_tensor(data, param.device_mesh, param.placements, src_data_rank=None).to_local()
         param = param.to_local()

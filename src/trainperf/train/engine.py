@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.float8 import FLOAT8_STORAGE, float8_config, store_frozen_weights_in_float8, write_float8_weight
+from trainperf.model.float8 import FLOAT8_STORAGE, store_frozen_weights_in_float8, write_float8_weight
 from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.lora import apply_lora, is_adapter_param
 from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline
@@ -33,7 +33,7 @@ def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
         for name, p in part.named_parameters():
             full = ckpt.to_storage(part, name, init_full_tensor(name, p.shape, spec.model, spec.train.seed, device))
             if p.dtype == FLOAT8_STORAGE:  # hardware.frozen_dtype=fp8
-                write_float8_weight(part, name, p, full, float8_config(spec.hardware.fp8, emulate=device.type != "cuda"))
+                write_float8_weight(part, name, p, full)
             elif isinstance(p, DTensor):
                 p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
             else:
@@ -88,9 +88,7 @@ class Engine:
         if spec.model.path:  # untimed: before run_start
             t0 = time.perf_counter()
             index = ckpt.inspect_checkpoint(spec.model.path)
-            recipe = (float8_config(spec.hardware.fp8, emulate=device.type != "cuda")
-                      if spec.hardware.frozen_dtype == "fp8" else None)
-            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index, on_load_tensor, recipe) for _, part in self.parts)
+            self.load_bytes = sum(ckpt.load_checkpoint_into(part, index, on_load_tensor) for _, part in self.parts)
             self.load_s = time.perf_counter() - t0
         if spec.lora.enabled:  # only adapters train, whatever a parallel style did to the flags
             for _, part in self.parts:
