@@ -147,10 +147,16 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
     ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1"]),  # partial: the first layer only
     # the first layer full, the other selective (adapters' GEMMs recomputed, projections' outputs kept)
     ("full", 1, ["parallel.dp_shard=1", "train.recompute_layers=1", "train.recompute_others=selective"]),
+    # activation offload (train.offload_layers) under FSDP2, and under 1F1B pipelining, where a stage
+    # runs several micro-batches' forwards before their backwards
+    ("none", 2, ["parallel.dp_shard=2", "train.offload_layers=1"]),
+    ("full", 2, ["parallel.pp=2", "parallel.pp_schedule=1F1B", "parallel.dp_shard=1", "train.offload_layers=1"]),
 ])
 def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
     run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
     assert run["spec"]["train"]["recompute"] == recompute
+    summary = json.loads((Path(run["out_dir"]) / "summary.json").read_text())
+    assert (summary["activation_offload_gib_per_step"] > 0) == ("train.offload_layers=1" in layout)
     assert_same_training(run, references("mini-lora"))
 
 

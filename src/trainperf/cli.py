@@ -284,7 +284,8 @@ def cmd_plan(args) -> int:
                  str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
                  o["train.recompute"] + (f" {o['train.recompute_layers']}/{layers_per_stage(c.spec)}"
                                          if "train.recompute_layers" in o else "")
-                 + (" +sel" if o.get("train.recompute_others") == "selective" else ""),
+                 + (" +sel" if o.get("train.recompute_others") == "selective" else "")
+                 + (f" +{o['train.offload_layers']} host" if o.get("train.offload_layers") else ""),
                  f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
                  f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
         if c.time_to_train_s:

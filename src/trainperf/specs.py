@@ -95,6 +95,10 @@ class TrainSpec:
     # the layers recompute_layers leaves out: none (keep every activation) or selective (keep the
     # projections' outputs, recompute the pointwise ops) -- between the two in memory and time
     recompute_others: str = "none"
+    # decoder layers of each pipeline stage (its first ones) whose saved activations wait in pinned
+    # host memory between forward and backward instead of being recomputed (parallel/offload.py);
+    # train.recompute and recompute_layers then apply to the layers after them
+    offload_layers: int = 0
     seed: int = 1234
     log_every: int = 10
     compile: bool = False
@@ -146,6 +150,9 @@ class HardwareSpec:
     frozen_dtype: str = "auto"
     # float8 GEMMs in the decoder layers through torchao: none | tensorwise | rowwise (model/float8.py)
     fp8: str = "none"
+    # host memory per node, GiB, that train.offload_layers may fill with pinned activations (half of
+    # it, the rest left to the OS and the data); 0: this machine's own (/proc/meminfo)
+    host_mem_gib: float = 0.0
 
 
 @dataclass
@@ -475,13 +482,17 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if t.recompute not in RECOMPUTE_MODES:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
     _validate_fp8(spec)
+    per_stage = layers_per_stage(spec)
+    if not 0 <= t.offload_layers <= per_stage:
+        raise SpecError(f"train.offload_layers={t.offload_layers}: must be 0..{per_stage} (the decoder layers of one "
+                        "pipeline stage)")
     if t.recompute_layers != -1:
-        per_stage = layers_per_stage(spec)
         if t.recompute == "none":
             raise SpecError(f"train.recompute_layers={t.recompute_layers} needs train.recompute=full or selective")
-        if not 0 <= t.recompute_layers <= per_stage:
-            raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or 0..{per_stage} "
-                            f"(the decoder layers of one pipeline stage)")
+        if not 0 <= t.recompute_layers <= per_stage - t.offload_layers:
+            raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or "
+                            f"0..{per_stage - t.offload_layers} (the decoder layers of one pipeline stage"
+                            + (f" after the {t.offload_layers} offloaded ones)" if t.offload_layers else ")"))
     if t.recompute_others not in ("none", "selective"):
         raise SpecError(f"train.recompute_others={t.recompute_others!r}: valid values are none, selective")
     if t.recompute_others != "none" and (t.recompute != "full" or t.recompute_layers == -1):

@@ -4,7 +4,8 @@ fixed order (torchtitan's):
     1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
     2. TP + SP          parallelize_module plans; LoRA-aware styles; loss-parallel output
     3. CP               context_parallel() around each step (applied per step, see train/loop.py)
-    4. recompute        activation checkpointing per decoder layer (none | selective | full)
+    4. recompute        activation checkpointing per decoder layer (none | selective | full), or
+                        activation offload to pinned host memory for the first offload_layers
     5. compile          torch.compile per decoder layer
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
                         (skipped for one process with a bf16 LoRA base: runs_without_fsdp)
@@ -271,12 +272,57 @@ def _recomputed_forward(layer: nn.Module, context_fn, *args):
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1, others: str = "none") -> None:
+def layer_memory_modes(n: int, recompute: str, recompute_layers: int = -1, others: str = "none",
+                       offload: int = 0) -> list[str]:
+    """What each of a stage's ``n`` decoder layers does with its activations: offload | full |
+    selective | none. The first ``offload`` + k layers (k = recompute_layers; -1: all the others) are
+    the ones that keep least on the GPU: ``offload`` of them (train.offload_layers) keep their
+    activations in pinned host memory, spread evenly among the k that get train.recompute -- a layer's
+    copy back then runs under the backward and the recomputation of the layers between it and the
+    offloaded layer above it, not under one layer's backward alone; the layers after them get
+    train.recompute_others (Megatron's recompute-num-layers). Offloading the first layers first: their
+    copies out overlap the forward of every layer after them."""
+    offload = min(offload, n)
+    if recompute == "none":
+        k, others = 0, "none"
+    else:
+        k = n - offload if recompute_layers < 0 else min(recompute_layers, n - offload)
+    block = offload + k
+    offloaded = {i * block // offload for i in range(offload)} if offload else set()
+    return ["offload" if i in offloaded else recompute if i < block else others for i in range(n)]
+
+
+def apply_activation_offload(model: nn.Module, modes: list[str], device: torch.device) -> None:
+    """The layers ``layer_memory_modes`` marks offload keep their saved activations in pinned host
+    memory between forward and backward instead of recomputing them (parallel/offload.py)."""
+    if "offload" not in modes:
+        return
+    from trainperf.parallel.offload import ActivationOffloader
+
+    offloader = ActivationOffloader(device)
+    model._activation_offloader = offloader
+    for index, (layer, mode) in enumerate(zip(model.model.layers.values(), modes)):
+        if mode == "offload":
+            layer._forward_plain = layer.forward
+            layer._recompute_mode = "offload"
+            layer.forward = partial(_offloaded_forward, layer, offloader, index)
+
+
+def _offloaded_forward(layer: nn.Module, offloader, index: int, *args):
+    with offloader.layer_context(index, layer, args):
+        return layer._forward_plain(*args)
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1, others: str = "none",
+                                   offload: int = 0) -> None:
     """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer);
-    ``n_layers`` >= 0 limits it to this model's (stage's) first n decoder layers (Megatron's
+    ``n_layers`` >= 0 limits it to n of this model's (stage's) first decoder layers (Megatron's
     recompute-num-layers), -1 applies it to all; ``others`` (train.recompute_others) is what the
-    remaining layers get: none (keep their activations) or selective."""
-    if mode == "none":
+    remaining layers get: none (keep their activations) or selective. ``offload`` layers among the
+    first are offloaded instead (layer_memory_modes)."""
+    layers = list(model.model.layers.values())
+    modes = layer_memory_modes(len(layers), mode, n_layers, others, offload)
+    if not {"full", "selective"} & set(modes):
         return
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -291,13 +337,12 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
             return create_selective_checkpoint_contexts(policy)
         return context_fn
 
-    layers = list(model.model.layers.values())
-    chosen = layers if n_layers < 0 else layers[:n_layers]
-    rest = [] if n_layers < 0 or others == "none" else layers[n_layers:]
     # one context_fn per adapter rank, shared by the layers: compiled layers guard on its identity,
     # so one per layer would recompile each layer (and fail at dynamo's recompile limit)
     shared: dict[int | None, object] = {}
-    for layer, layer_mode in [(x, mode) for x in chosen] + [(x, others) for x in rest]:
+    for layer, layer_mode in zip(layers, modes):
+        if layer_mode not in ("full", "selective"):
+            continue
         context_fn = None
         if layer_mode == "selective":
             rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
@@ -314,7 +359,8 @@ def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
     a layer's graph guards on may differ per layer). ``backend``: tests capture with aot_eager.
 
     A fully recomputed layer keeps its checkpoint outside the compiled graph (checkpoint(compiled
-    forward)): traced inside, the checkpoint of a layer with float8 GEMMs kept 1.16 GiB per 70B layer
+    forward)), and an offloaded layer its saved-tensor hooks (they apply when the compiled forward
+    saves its tensors, at run time): traced inside, the checkpoint of a layer with float8 GEMMs kept 1.16 GiB per 70B layer
     of float8 copies on the H200 (1.28 GiB instead of the 0.125 GiB input, every full layer; the
     recipe ran out of memory in its first forward), while the eager checkpoint around the compiled
     forward drops whatever the graph saves, as it does for any function. Selective layers stay
@@ -326,7 +372,7 @@ def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
     (docs/PERFORMANCE.md), and a compiled layer now drops exactly what the eager one drops."""
     options = {"fallback_random": True} if backend == "inductor" else None
     for layer in model.model.layers.values():
-        if getattr(layer, "_recompute_mode", None) == "full":
+        if getattr(layer, "_recompute_mode", None) in ("full", "offload"):
             layer._forward_plain = torch.compile(layer._forward_plain, fullgraph=True, backend=backend,
                                                  options=options)
         else:
@@ -365,7 +411,11 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:
         apply_cp(model)
-    apply_activation_checkpointing(model, tr.recompute, tr.recompute_layers, tr.recompute_others)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    modes = layer_memory_modes(len(model.model.layers), tr.recompute, tr.recompute_layers, tr.recompute_others,
+                               tr.offload_layers)
+    apply_activation_offload(model, modes, device)
+    apply_activation_checkpointing(model, tr.recompute, tr.recompute_layers, tr.recompute_others, tr.offload_layers)
     if tr.compile:
         apply_compile(model)
     if not runs_without_fsdp(model, mesh, param_dtype):

@@ -21,6 +21,7 @@ from trainperf.specs import RunSpec, layers_per_stage, stages_per_rank
 from trainperf.train import metrics
 
 GIB = 2**30
+PINNED_HOST_SHARE = 0.5  # of a node's memory that offloaded activations may pin (train.offload_layers)
 FIXED_CONTEXT_GIB = 2.0  # CUDA context + NCCL communicator buffers (Megatron estimator's "overhead")
 FRAGMENTATION = 0.05  # caching-allocator slack on top of what is allocated
 
@@ -35,6 +36,7 @@ class Estimate:
     tokens_per_s_per_gpu: float = 0.0
     mfu: float = 0.0
     fits: bool = True
+    host_offload_bytes: float = 0.0  # pinned host memory per GPU for train.offload_layers' activations
 
     @property
     def allocated_gib(self) -> float:
@@ -212,13 +214,19 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         inflight_layers = L_rank * mb
     else:
         inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
-    # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all
-    share = recomputed_share(spec)
+    # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all;
+    # train.offload_layers: that share keeps nothing on the GPU between its forward and its backward
+    share, off_share = recomputed_share(spec), offloaded_share(spec)
+    others_share = 1.0 - share - off_share
     others = tr.recompute_others  # what the layers recompute_layers leaves out get
-    per_layer = share * activation_bytes_per_token_layer(spec) + (1 - share) * activation_bytes_per_token_layer(spec, others)
+    per_layer = share * activation_bytes_per_token_layer(spec) + others_share * activation_bytes_per_token_layer(spec, others)
     est.memory["activations"] = per_layer * tokens_mb * inflight_layers
+    layer_set = activation_bytes_per_token_layer(spec, "none") * tokens_mb  # one layer's whole saved set
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
-        est.memory["recompute_transient"] = activation_bytes_per_token_layer(spec, "none") * tokens_mb
+        est.memory["recompute_transient"] = layer_set
+    if off_share > 0:  # one offloaded layer's set on the GPU: copied back ahead of its backward
+        est.memory["offload_in_flight"] = layer_set
+        est.host_offload_bytes = off_share * inflight_layers * layer_set
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     chunk = tr.loss_chunk_tokens
     est.memory["logits_and_loss"] = 10.0 * (min(tokens_mb, chunk) if chunk > 0 else tokens_mb) * V / t
@@ -263,7 +271,22 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
     elif tr.recompute == "selective":
         t_recompute = t_selective
-    t_recompute = share * t_recompute + (1 - share) * (t_selective if others == "selective" else 0.0)
+    t_recompute = share * t_recompute + others_share * (t_selective if others == "selective" else 0.0)
+    t_offload = 0.0
+    if off_share > 0:  # PCIe copies on side streams, hidden unless they outlast the compute beside them
+        off_layers = off_share * L_rank
+        copy = layer_set / (gpu.pcie_gbps * 1e9)  # one layer's set, one way
+        fwd_layer = (t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3) / L_rank
+        bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
+        # out: queued behind each other, under the rest of the forward and the backward of the layers above
+        t_out = max(0.0, off_layers * copy - (L_rank * fwd_layer + (L_rank - off_layers) * bwd_layer))
+        # back: the top offloaded layer's copy waits in full; each one below runs under the backward of
+        # the offloaded layer above it and of the recomputed layers between them (spread evenly:
+        # parallelize.layer_memory_modes), recomputation included
+        between = share * L_rank / off_layers
+        rec_layer = fwd_layer if tr.recompute == "full" else t_selective / L_rank
+        window = bwd_layer + between * (bwd_layer + rec_layer)
+        t_offload = t_out + copy + (off_layers - 1) * max(0.0, copy - window)
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
@@ -279,9 +302,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     if chunk > 0:  # chunked loss: the LM head's forward runs again in backward
         t_recompute += table.gemm_seconds(tokens_mb, h, V / t) * slower if table is not None \
             else 2.0 * V * h * tokens_mb / t / (peak * gpu.gemm_eff)
-    t_micro = t_lin + t_attn + t_other + t_recompute + t_tp + t_cp
+    t_micro = t_lin + t_attn + t_other + t_recompute + t_offload + t_tp + t_cp
     est.time.update(gemm=t_lin * mb, attention=t_attn * mb, elementwise=t_other * mb, recompute=t_recompute * mb,
-                    tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)
+                    offload_exposed=t_offload * mb, tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)
 
     # ---- FSDP / DP traffic per step and what of it is exposed
     t_fsdp = 0.0
@@ -323,26 +346,53 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world
     flops_tok = metrics.train_flops_per_token(m, lo, S)
     est.mfu = flops_tok * est.tokens_per_s_per_gpu / peak
-    est.fits = est.reserved_gib <= gpu.hbm_gib
+    est.fits = est.reserved_gib <= gpu.hbm_gib and est.host_offload_bytes <= offload_budget_bytes(spec, gpus_per_node)
     return est
 
 
-def recomputed_share(spec: RunSpec) -> float:
-    """The fraction of a stage's decoder layers that train.recompute applies to (recompute_layers)."""
-    if spec.train.recompute == "none":
+def host_mem_gib(spec: RunSpec) -> float:
+    """A node's memory: hardware.host_mem_gib, else this machine's MemTotal (0 when unknown)."""
+    if spec.hardware.host_mem_gib > 0:
+        return spec.hardware.host_mem_gib
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+        return kib / 2**20
+    except (OSError, StopIteration, ValueError):
         return 0.0
-    k, per_stage = spec.train.recompute_layers, layers_per_stage(spec)
-    return 1.0 if k < 0 or per_stage <= 0 else min(k, per_stage) / per_stage
+
+
+def offload_budget_bytes(spec: RunSpec, gpus_per_node: int) -> float:
+    """Pinned host bytes one GPU's offloaded activations may take (a share of its node's memory)."""
+    return PINNED_HOST_SHARE * host_mem_gib(spec) * GIB / max(gpus_per_node, 1)
+
+
+def recomputed_share(spec: RunSpec) -> float:
+    """The fraction of a stage's decoder layers that train.recompute applies to (recompute_layers of
+    the layers after the offloaded ones)."""
+    per_stage = layers_per_stage(spec)
+    if spec.train.recompute == "none" or per_stage <= 0:
+        return 0.0
+    rest = per_stage - min(spec.train.offload_layers, per_stage)
+    k = spec.train.recompute_layers
+    return (rest if k < 0 else min(k, rest)) / per_stage
+
+
+def offloaded_share(spec: RunSpec) -> float:
+    """The fraction of a stage's decoder layers whose activations wait in host memory (offload_layers)."""
+    per_stage = layers_per_stage(spec)
+    return min(spec.train.offload_layers, per_stage) / per_stage if per_stage > 0 else 0.0
 
 
 def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_per_rank: float) -> float:
     """CPU time to issue one step's layer executions (micro-batches x layers on this rank)."""
     lo, tr, p = spec.lora, spec.train, spec.parallel
     per_layer = gpu.host_s_per_layer + (gpu.host_s_per_lora_target * len(lo.target_modules) if lo.enabled else 0.0)
-    share = recomputed_share(spec)
+    share, off_share = recomputed_share(spec), offloaded_share(spec)
     per_layer += share * {"selective": gpu.host_selective_s_per_layer, "full": gpu.host_full_s_per_layer}.get(tr.recompute, 0.0)
     if tr.recompute_others == "selective":
-        per_layer += (1 - share) * gpu.host_selective_s_per_layer
+        per_layer += (1 - share - off_share) * gpu.host_selective_s_per_layer
+    per_layer += off_share * gpu.host_offload_s_per_layer
     if p.dp_shard * p.cp > 1:  # FSDP2 wraps every layer (pre/post forward and backward hooks)
         per_layer += gpu.host_fsdp_s_per_layer
     if p.cp > 1:
@@ -368,6 +418,14 @@ def check_memory(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     from trainperf.specs import SpecError
 
     est = estimate(spec, gpu, gpus_per_node)
+    budget = offload_budget_bytes(spec, gpus_per_node)
+    if est.host_offload_bytes > budget:
+        per_layer = est.host_offload_bytes / max(spec.train.offload_layers, 1)
+        raise SpecError(
+            f"train.offload_layers={spec.train.offload_layers} would pin {est.host_offload_bytes / GIB:.1f} GiB of host "
+            f"memory per GPU, over the {budget / GIB:.1f} GiB allowed ({PINNED_HOST_SHARE:.0%} of the node's "
+            f"{host_mem_gib(spec):.0f} GiB over {gpus_per_node} GPUs); use train.offload_layers <= {int(budget // per_layer)} "
+            "or set hardware.host_mem_gib to the node's memory")
     if not est.fits:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(est.memory.items(), key=lambda kv: -kv[1])[:3])
         raise SpecError(

@@ -25,6 +25,10 @@ class GPU:
     hbm_tbps: float  # achievable HBM copy bandwidth, TB/s (bytes read + written)
     intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
+    # pinned host <-> device copy rate, GB/s each way (train.offload_layers): PCIe Gen5 x16 is 64 GB/s
+    # on paper; 1 GiB pinned copies on 2 x H200 at once measured 55 device-to-host, 51-55 back
+    # (2026-11-30, eighth session)
+    pcie_gbps: float = 50.0
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
     # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach:
     # the plain fp8 GEMM's measured 0.73 (1,437 of 1,979 TFLOP/s, preflight on H200).
@@ -79,6 +83,9 @@ class GPU:
     # fitted to a host-bound small shape (hidden 1024, 8 layers, seq 2048) on one H200: 0.222 s bf16
     # -> 0.453 s fp8, measured 2026-11-30 (tests/test_gpu.py's fp8 test)
     host_fp8_s_per_gemm: float = 0.52e-3
+    # train.offload_layers: the saved-tensor hooks' Python (a storage check, stream waits and a copy
+    # per saved tensor, ~20 per layer) -- assumed, not fitted
+    host_offload_s_per_layer: float = 0.5e-3
     host_compile_factor: float = 0.3  # assumed: compiled layers launch a few fused kernels (not fitted)
     # measured GEMM and attention rates by shape (plan/kernels.py: a packaged name or a JSON file from
     # bench/kernel_rates.py / preflight); when set they replace gemm_eff and attn_eff for the bf16
@@ -103,9 +110,10 @@ PRESETS: dict[str, GPU] = {
     # remaining elementwise share (7B LoRA compiled, 2.197 s), ring attention's slowdown (7B CP2) and
     # one scale on the host constants (0.94, least squares over the 1B host-bound grid)
     "h200": scale_host_time(GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40, kernel_table="h200",
-                                kernel_table_gemm_eff=0.80, compile_other_factor=0.46, cp_attn_slowdown=2.12), 0.94),
+                                kernel_table_gemm_eff=0.80, compile_other_factor=0.46, cp_attn_slowdown=2.12,
+                                pcie_gbps=52.0), 0.94),
     "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40),
-    "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20),
+    "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20, pcie_gbps=25.0),  # PCIe Gen4
     "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),
 }
 

@@ -193,7 +193,8 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom:
     """For a full-recompute layout that fits: the variants that recompute the fewest layers per stage
     and still fit (train.recompute_layers), the others keeping every activation or, second variant,
     recomputing only their pointwise ops (train.recompute_others=selective) -- a variant is dropped
-    when its fewest is every layer (no gain), or zero with nothing else (already a candidate)."""
+    when its fewest is every layer (no gain), or zero with nothing else (already a candidate) -- and
+    for each, the best trade of recomputed layers for offloaded ones (train.offload_layers), if any pays."""
     if spec.train.recompute != "full" or not fits_within(est, gpu, headroom):
         return []
     per_stage = layers_per_stage(spec)
@@ -201,12 +202,34 @@ def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom:
     for others in ("none", "selective"):
         o = overrides | ({} if others == "none" else {"train.recompute_others": "selective"})
         k = _fewest_recomputed_layers(base, o, per_stage, gpu, gpus_per_node, headroom)
+        if k > 0:  # activations in host memory instead of some of the recomputation
+            offloaded = _best_offload(base, o | {"train.recompute_layers": k}, per_stage, gpu, gpus_per_node, headroom)
+            if offloaded is not None:
+                out.append((offloaded[0], _apply(base, offloaded[0]), offloaded[1]))
         if k == per_stage or (k == 0 and others == "none"):
             continue
         o = o | {"train.recompute_layers": k}
         s = _apply(base, o)
         out.append((o, s, estimate(s, gpu, gpus_per_node)))
     return out
+
+
+def _best_offload(base, overrides, per_stage, gpu, gpus_per_node, headroom: float = 0.0):
+    """The fastest (train.offload_layers, train.recompute_layers) pair that fits the device and the
+    pinned host memory budget: for each count of offloaded layers, the fewest recomputed ones beside
+    them. Every count is tried: the copies hide under the recomputation between offloaded layers
+    until PCIe saturates, so the step time is not monotonic in it. None when offloading never pays."""
+    best, best_time = None, estimate(_apply(base, overrides), gpu, gpus_per_node).step_time_s
+    for n in range(1, per_stage + 1):
+        o = overrides | {"train.offload_layers": n}
+        if not fits_within(estimate(_apply(base, o | {"train.recompute_layers": per_stage - n}), gpu, gpus_per_node),
+                           gpu, headroom):
+            break  # even recomputing every other layer: more offloaded layers only pin more host memory
+        o = o | {"train.recompute_layers": _fewest_recomputed_layers(base, o, per_stage - n, gpu, gpus_per_node, headroom)}
+        est = estimate(_apply(base, o), gpu, gpus_per_node)
+        if est.step_time_s < best_time:
+            best, best_time = (o, est), est.step_time_s
+    return best
 
 
 def _fewest_recomputed_layers(base, overrides, per_stage, gpu, gpus_per_node, headroom: float = 0.0) -> int:

@@ -226,6 +226,11 @@ class Engine:
             sums, counts = both[0], both[1]
         return sums, counts
 
+    def offloaded_bytes(self) -> int:
+        """Bytes of saved activations this rank has copied to host memory so far (train.offload_layers)."""
+        return sum(part._activation_offloader.stats.bytes for _, part in self.parts
+                   if getattr(part, "_activation_offloader", None) is not None)
+
     # -- export -----------------------------------------------------------------------------------
 
     def gather(self, only_adapters: bool = False, base_only: bool = False) -> dict[str, torch.Tensor] | None:

@@ -1,0 +1,178 @@
+"""Activation offload (train.offload_layers): a decoder layer's saved activations go to pinned host
+memory during its forward and come back one layer ahead of its backward, instead of being recomputed
+(what Megatron-LM and NeMo call CPU activation offloading).
+
+Why: on 2 x H200 the 70B closed recipe cannot keep every layer's activations (about 1.8 GiB per layer
+per 8192-token sequence) beside its weights. Recomputing a layer runs its forward again, about a
+third of its step; copying its activations over PCIe (~50 GB/s each way) takes ~40 ms, hidden under
+the forward of the layers after it and under the backward of the layer above it.
+
+How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
+
+* pack: a tensor the layer saves for backward moves to the host unless it is small (< 1 MiB on CUDA) or lives
+  in the storage of one of the layer's parameters or buffers (FSDP2's gathered weights, a float8-stored
+  frozen weight) or of a forward argument other than the hidden states (RoPE's cos/sin, shared by
+  every layer). What moves is the tensor's whole storage, once per storage however many saved tensors
+  view it (q, k and v may be views of one projection output); the tensor comes back as the same view
+  of a restored storage, same sizes, strides and offset -- compiled backward graphs assert them.
+  The copy runs on a side stream after the work that produced it; the device memory returns to the
+  caching allocator once the copy is done (``record_stream``). Host buffers come from PyTorch's
+  caching pinned-memory allocator, reused step after step.
+* unpack: the first unpack in a layer's backward issues its copies back (unless already issued) and
+  those of the offloaded layer below it, on another side stream, so that layer's copy runs under this
+  layer's backward; the compute stream waits only for the layer it needs.
+
+Off CUDA (the CPU tests) the same bookkeeping copies into separate host tensors with no streams."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# on CUDA a saved tensor smaller than this stays where it is: a copy would cost more than it frees
+# (on CPU, where offload only exercises the bookkeeping, everything is copied)
+SMALL_BYTES = 1 << 20
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (its storage is what the compiled graph saves)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _as_bytes(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
+@dataclass
+class OffloadStats:
+    tensors: int = 0  # saved tensors packed to the host since the last reset
+    bytes: int = 0  # storage bytes copied to the host (each storage once per layer call)
+    kept: int = 0  # saved tensors left in place (small, a parameter's or an argument's storage)
+
+
+class _Saved:
+    """What pack returns for one offloaded tensor: its storage's slot in the layer call and its view."""
+
+    __slots__ = ("call", "key", "dtype", "size", "stride", "offset")
+
+    def __init__(self, call: _LayerCall, key: int, t: torch.Tensor):
+        self.call, self.key, self.dtype = call, key, t.dtype
+        self.size, self.stride, self.offset = t.size(), t.stride(), t.storage_offset()
+
+
+class _LayerCall:
+    """One forward of one offloaded layer (one micro-batch): its storages on the host, and on the
+    device once fetched back. ``below`` is the offloaded layer that ran just before it in the same
+    forward pass: its backward comes next, so its copy is issued when this one's backward starts."""
+
+    def __init__(self, offloader: ActivationOffloader, index: int, below: _LayerCall | None):
+        self.offloader, self.index, self.below = offloader, index, below
+        self.host: dict[int, torch.Tensor] = {}  # storage key -> uint8 host copy
+        # the packed device storages, held until the layer's forward returns: a storage freed earlier
+        # could be reallocated at the same address within the forward and be taken for the first
+        self.alive: list[torch.Tensor] = []
+        self.device: dict[int, torch.Tensor] = {}  # storage key -> uint8 device copy (after fetch)
+        self.fetched = False
+        self.ready: torch.cuda.Event | None = None
+
+    def fetch(self) -> None:
+        """Issue the copies back to the device (on the h2d stream under CUDA)."""
+        if self.fetched:
+            return
+        self.fetched = True
+        off = self.offloader
+        if off.h2d is None:  # CPU: the host copy is the tensor
+            self.device = dict(self.host)
+            return
+        compute = torch.cuda.current_stream(off.device)
+        # allocate on the compute stream (its user) and copy once the compute stream has reached this
+        # point: a block the compute stream just freed may still be read by kernels queued before it
+        self.device = {k: torch.empty_like(h, device=off.device) for k, h in self.host.items()}
+        off.h2d.wait_stream(compute)
+        with torch.cuda.stream(off.h2d):
+            for k, h in self.host.items():
+                self.device[k].copy_(h, non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record(off.h2d)
+
+    def restore(self, s: _Saved) -> torch.Tensor:
+        if not self.fetched:  # the first unpack of this layer's backward
+            self.fetch()
+            if self.below is not None:
+                self.below.fetch()  # runs under this layer's backward
+        if self.ready is not None:
+            torch.cuda.current_stream(self.offloader.device).wait_event(self.ready)
+            self.ready = None
+        storage = self.device[s.key].untyped_storage()
+        return torch.empty(0, dtype=s.dtype, device=storage.device).set_(storage, s.offset, s.size, s.stride)
+
+
+class ActivationOffloader:
+    """One per model (pipeline stage); ``layer_context(index, layer, args)`` wraps an offloaded
+    layer's forward."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        cuda = device.type == "cuda"
+        self.d2h = torch.cuda.Stream(device) if cuda else None
+        self.h2d = torch.cuda.Stream(device) if cuda else None
+        self.min_bytes = SMALL_BYTES if cuda else 0
+        self.stats = OffloadStats()
+        self._last: weakref.ref[_LayerCall] | None = None
+
+    def _below(self, index: int) -> _LayerCall | None:
+        """The call of the offloaded layer that ran just before this one in the same forward pass (a
+        lower layer index: a new pass starts at a lower or equal index than the last call's)."""
+        last = self._last() if self._last is not None else None
+        return last if last is not None and last.index < index else None
+
+    @contextlib.contextmanager
+    def layer_context(self, index: int, layer: nn.Module, args: tuple):
+        call = _LayerCall(self, index, self._below(index))
+        self._last = weakref.ref(call)
+        keep = {_storage_key(_local(t)) for t in [*layer.parameters(), *layer.buffers()]}
+        keep |= {_storage_key(a) for a in args[1:] if isinstance(a, torch.Tensor)}
+
+        def pack(t: torch.Tensor):
+            return self._pack(call, keep, t)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+            yield
+        call.alive.clear()
+
+    def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
+        if type(t) is not torch.Tensor or t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
+            self.stats.kept += 1
+            return t
+        key = _storage_key(t)
+        if key in keep:
+            self.stats.kept += 1
+            return t
+        if key not in call.host:
+            storage = t.untyped_storage()
+            src = _as_bytes(storage, t.device)
+            if self.d2h is None:
+                call.host[key] = src.clone()
+            else:
+                host = torch.empty(src.shape, dtype=torch.uint8, pin_memory=True)
+                self.d2h.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(self.d2h):
+                    host.copy_(src, non_blocking=True)
+                src.record_stream(self.d2h)  # the block is not reused before the copy has read it
+                call.host[key] = host
+            call.alive.append(src)
+            self.stats.bytes += storage.nbytes()
+        self.stats.tensors += 1
+        return _Saved(call, key, t)
+
+
+def _unpack(packed):
+    return packed.call.restore(packed) if isinstance(packed, _Saved) else packed

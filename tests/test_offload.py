@@ -1,0 +1,160 @@
+"""Activation offload (train.offload_layers, parallel/offload.py) on CPU: which layers, what moves and
+what stays, views restored exactly, training unchanged (eager and compiled), the planner's trade.
+The GPU side (pinned memory, side streams) is in tests/test_gpu.py; the layouts (FSDP2, PP) in
+tests/test_layouts.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from trainperf.parallel.offload import ActivationOffloader
+from trainperf.parallel.parallelize import layer_memory_modes
+
+
+def test_offloaded_layers_are_spread_among_the_recomputed_ones():
+    assert layer_memory_modes(4, "none", offload=2) == ["offload", "offload", "none", "none"]
+    assert layer_memory_modes(8, "full", 4, "selective", offload=4) == \
+        ["offload", "full", "offload", "full", "offload", "full", "offload", "full"]
+    assert layer_memory_modes(8, "full", 2, "selective", offload=2) == \
+        ["offload", "full", "offload", "full", "selective", "selective", "selective", "selective"]
+    # recompute_layers=-1: every layer not offloaded is recomputed
+    assert layer_memory_modes(6, "selective", -1, offload=2) == \
+        ["offload", "selective", "selective", "offload", "selective", "selective"]
+    assert layer_memory_modes(3, "full", -1) == ["full"] * 3  # nothing offloaded: as before
+    assert layer_memory_modes(3, "full", 1, "selective") == ["full", "selective", "selective"]
+
+
+class _SavesViews(torch.autograd.Function):
+    """Saves two views of one storage (a slice and a transposed slice), as attention saves q/k/v views
+    of one projection output, and a parameter-like tensor the offloader must leave alone."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        y = x * 2
+        ctx.save_for_backward(y[:, :3], y[:, 3:].t(), weight)
+        return (y[:, :3].sum(1, keepdim=True) + y[:, 3:].sum(1, keepdim=True)) * weight.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, weight = ctx.saved_tensors
+        assert a.shape == (4, 3) and b.shape == (5, 4) and b.stride() == (1, 8)  # views restored as views
+        assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # of one restored storage
+        scale = (a.sum() + b.sum()) / (a.sum() + b.sum())  # uses the restored values
+        return grad.expand(4, 8) * 2 * weight.sum() * scale, None
+
+
+def test_pack_moves_each_storage_once_and_restores_views_keeping_parameters_in_place():
+    layer = nn.Linear(2, 2)
+    x = torch.randn(4, 8, requires_grad=True)
+    off = ActivationOffloader(torch.device("cpu"))
+    with off.layer_context(0, layer, (x,)):
+        out = _SavesViews.apply(x, layer.weight)
+    assert off.stats.tensors == 2 and off.stats.kept == 1  # the weight's storage stays
+    assert off.stats.bytes == 4 * 8 * 4  # y's whole storage (fp32), once for both views
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((4, 8), 2.0) * layer.weight.sum().detach())
+
+
+def test_a_new_forward_pass_starts_a_new_chain():
+    """Each layer call links to the offloaded call that ran just before it in the same forward pass (its
+    backward comes next); a lower or equal index starts a new pass (the next micro-batch)."""
+    layer = nn.Linear(2, 2)
+    off = ActivationOffloader(torch.device("cpu"))
+    calls = []
+    for index in (0, 2, 0):
+        with off.layer_context(index, layer, (torch.zeros(1),)):
+            calls.append(off._last())
+    assert calls[0].below is None and calls[1].below is calls[0] and calls[2].below is None
+
+
+def _two_steps(*overrides: str):
+    from trainperf.parallel import parallelize as par
+    from trainperf.specs import resolve_layout, resolve_spec
+    from trainperf.train.engine import Engine
+    from trainperf.workloads.mini import mini_lora_defaults
+
+    spec = resolve_spec(mini_lora_defaults(), None, ["train.seed=3", "lora.dropout=0", "model.num_layers=4", *overrides])
+    resolve_layout(spec, 1)
+    engine = Engine(spec, par.build_mesh(spec.parallel, "cpu"), torch.device("cpu"), torch.float32)
+    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(2):
+        batches = [(torch.randint(0, spec.model.vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
+        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
+        opt.step()
+        opt.zero_grad()
+    model = engine.parts[0][1]
+    return losses, [getattr(x, "_recompute_mode", "none") for x in model.model.layers.values()], engine.offloaded_bytes()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_offloaded_layers_train_exactly_like_kept_activations(gloo_group, compiled):
+    extra = ["train.compile=true"] if compiled else []
+    ref, _, none_moved = _two_steps(*extra)
+    plain, modes, moved = _two_steps("train.offload_layers=2", *extra)
+    mixed, mixed_modes, mixed_moved = _two_steps("train.offload_layers=2", "train.recompute=full",
+                                                 "train.recompute_layers=1", "train.recompute_others=selective", *extra)
+    assert modes == ["offload", "offload", "none", "none"]
+    assert mixed_modes == ["offload", "offload", "full", "selective"]
+    assert none_moved == 0 and moved > 0 and mixed_moved == moved  # same two layers, same saved tensors
+    assert plain == ref and mixed == ref and ref[1] != ref[0]
+
+
+def _plan_spec(*overrides: str):
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads import get_workload
+
+    spec = resolve_spec(get_workload("llama2_70b_lora").defaults(), None,
+                        ["train.compile=true", "parallel.dp_shard=2", "hardware.host_mem_gib=256", *overrides])
+    spec.hardware.device = "cuda"
+    return spec
+
+
+def test_planner_offloaded_layer_costs_host_memory_not_recompute_time():
+    from trainperf.plan.costs import GIB, activation_bytes_per_token_layer, estimate
+    from trainperf.plan.hardware import PRESETS
+
+    gpu = PRESETS["h200"]
+    recomputed = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=30"), gpu, 2)
+    traded = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=20", "train.offload_layers=10"), gpu, 2)
+    layer_set = activation_bytes_per_token_layer(_plan_spec(), "none") * 8192
+    assert traded.host_offload_bytes == pytest.approx(10 * layer_set)
+    assert recomputed.host_offload_bytes == 0
+    assert traded.time["recompute"] < recomputed.time["recompute"]
+    assert traded.time["offload_exposed"] > 0  # at least the first copy back waits
+    assert traded.memory["activations"] < recomputed.memory["activations"]  # a full layer keeps its input
+    # spread among recomputed layers, the copies hide; 30 offloaded back to back they do not (PCIe)
+    packed = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=0", "train.offload_layers=30"), gpu, 2)
+    assert packed.time["offload_exposed"] > 3 * traded.time["offload_exposed"]
+    assert 30 * layer_set / GIB > 45  # 70B: ~1.8 GiB per layer per sequence
+
+
+def test_plan_trades_recompute_for_offload_only_where_host_memory_allows():
+    from trainperf.plan.hardware import PRESETS
+    from trainperf.plan.search import plan
+
+    gpu = PRESETS["h200"]
+    roomy, _ = plan(_plan_spec("hardware.fp8=tensorwise", "hardware.frozen_dtype=fp8"), gpu, 2, 2, objective="throughput")
+    tight, _ = plan(_plan_spec("hardware.fp8=tensorwise", "hardware.frozen_dtype=fp8", "hardware.host_mem_gib=8"), gpu, 2,
+                    2, objective="throughput")
+    best = roomy[0]
+    assert best.overrides.get("train.offload_layers", 0) > 0 and best.est.host_offload_bytes > 0
+    assert best.est.host_offload_bytes <= 0.5 * 256 * 2**30 / 2
+    assert all(c.overrides.get("train.offload_layers", 0) == 0 for c in tight)  # 2 GiB per GPU: not one layer
+    assert best.est.step_time_s < tight[0].est.step_time_s
+
+
+def test_host_memory_over_budget_is_refused_before_launch():
+    from trainperf.plan.costs import check_memory
+    from trainperf.plan.hardware import PRESETS
+    from trainperf.specs import SpecError
+
+    spec = _plan_spec("hardware.fp8=tensorwise", "hardware.frozen_dtype=fp8", "train.recompute=full",
+                      "train.recompute_layers=0", "train.offload_layers=60", "hardware.host_mem_gib=128")
+    with pytest.raises(SpecError) as err:
+        check_memory(spec, PRESETS["h200"], 2)
+    msg = str(err.value)
+    assert "train.offload_layers=60" in msg and "train.offload_layers <= 17" in msg and "\n" not in msg
