@@ -419,6 +419,12 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
 
     peak_mem = torch.tensor([_peak_mem_gib(device_type)], dtype=torch.float64, device=device)
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+    # what the caching allocator reserved, and how often it had to free its cache and retry (each
+    # retry synchronises the device: a run near its memory limit loses its host/GPU overlap there)
+    allocator = torch.cuda.memory_stats() if device_type == "cuda" else {}
+    reserved = torch.tensor([allocator.get("reserved_bytes.all.peak", 0) / 2**30, allocator.get("num_alloc_retries", 0)],
+                            dtype=torch.float64, device=device)
+    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
     adapter_dir = None
     if spec.lora.enabled:
         adapters = engine.gather(only_adapters=True)
@@ -456,6 +462,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "peak_flops": peak,
         "peak_mem_gib": float(peak_mem.item()),
         "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
+        "peak_reserved_gib": float(reserved[0]) if device_type == "cuda" else None,
+        "cuda_alloc_retries": int(reserved[1]) if device_type == "cuda" else None,
         "checkpoint_load_s": engine.load_s,
         "checkpoint_load_gib": engine.load_bytes / 2**30,
         # train.offload_layers: saved activations this rank copied to host memory per step (and back)
