@@ -19,8 +19,12 @@ How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
   caching allocator once the copy is done (``record_stream``). Host buffers come from PyTorch's
   caching pinned-memory allocator, reused step after step.
 * unpack: the first unpack in a layer's backward issues its copies back (unless already issued) and
-  those of the offloaded layer below it, on another side stream, so that layer's copy runs under this
-  layer's backward; the compute stream waits only for the layer it needs.
+  those of the PREFETCH_DEPTH offloaded layers below it, on another side stream, so their copies run
+  under this layer's backward and the next ones'; the compute stream waits only for the layer it
+  needs. The link bounds it all: on one H200 a 7B-shape layer's set (1.05 GiB per 8192-token
+  sequence) takes 20 ms each way at 55 GB/s against 11 ms of that layer's backward, so offloading
+  layers that would otherwise keep their activations only costs time; it pays where it replaces
+  recomputation (docs/PERFORMANCE.md, eighth session).
 
 Off CUDA (the CPU tests) the same bookkeeping copies into separate host tensors with no streams."""
 
@@ -36,6 +40,7 @@ from torch import nn
 # on CUDA a saved tensor smaller than this stays where it is: a copy would cost more than it frees
 # (on CPU, where offload only exercises the bookkeeping, everything is copied)
 SMALL_BYTES = 1 << 20
+PREFETCH_DEPTH = 2  # offloaded layers below the one in backward whose copies back are already issued
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -106,8 +111,12 @@ class _LayerCall:
     def restore(self, s: _Saved) -> torch.Tensor:
         if not self.fetched:  # the first unpack of this layer's backward
             self.fetch()
-            if self.below is not None:
-                self.below.fetch()  # runs under this layer's backward
+            below = self.below
+            for _ in range(PREFETCH_DEPTH):  # their copies run under this layer's backward and the next
+                if below is None:
+                    break
+                below.fetch()
+                below = below.below
         if self.ready is not None:
             torch.cuda.current_stream(self.offloader.device).wait_event(self.ready)
             self.ready = None

@@ -224,7 +224,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     layer_set = activation_bytes_per_token_layer(spec, "none") * tokens_mb  # one layer's whole saved set
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = layer_set
-    if off_share > 0:  # one offloaded layer's set on the GPU: copied back ahead of its backward
+    if off_share > 0:  # the peak comes at the start of backward, before the offloaded (first) layers come
+        # back; one set is counted for the copies out that may still be queued behind the forward
         est.memory["offload_in_flight"] = layer_set
         est.host_offload_bytes = off_share * inflight_layers * layer_set
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
@@ -280,13 +281,15 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
         # out: queued behind each other, under the rest of the forward and the backward of the layers above
         t_out = max(0.0, off_layers * copy - (L_rank * fwd_layer + (L_rank - off_layers) * bwd_layer))
-        # back: the top offloaded layer's copy waits in full; each one below runs under the backward of
-        # the offloaded layer above it and of the recomputed layers between them (spread evenly:
-        # parallelize.layer_memory_modes), recomputation included
+        # back: the top offloaded layer's copy waits in full; each one below has the backward of the
+        # offloaded layer above it and of the recomputed layers between them (spread evenly:
+        # parallelize.layer_memory_modes), recomputation included, to come back in. Prefetching deeper
+        # (offload.PREFETCH_DEPTH) absorbs jitter but not a link slower than that: the copies queue on
+        # one link, so each layer waits for whatever its copy takes beyond that time
         between = share * L_rank / off_layers
         rec_layer = fwd_layer if tr.recompute == "full" else t_selective / L_rank
-        window = bwd_layer + between * (bwd_layer + rec_layer)
-        t_offload = t_out + copy + (off_layers - 1) * max(0.0, copy - window)
+        per_offloaded = bwd_layer + between * (bwd_layer + rec_layer)
+        t_offload = t_out + copy + (off_layers - 1) * max(0.0, copy - per_offloaded)
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
