@@ -130,6 +130,10 @@ def test_planner_offloaded_layer_costs_host_memory_not_recompute_time():
     packed = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=0", "train.offload_layers=30"), gpu, 2)
     assert packed.time["offload_exposed"] > 3 * traded.time["offload_exposed"]
     assert 30 * layer_set / GIB > 45  # 70B: ~1.8 GiB per layer per sequence
+    # two GPUs of a node share their PCIe switch's uplink (HGX): one GPU alone copies twice as fast
+    alone = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=0", "train.offload_layers=30",
+                                "parallel.dp_shard=1"), gpu, 1)
+    assert alone.time["offload_exposed"] < 0.6 * packed.time["offload_exposed"]
 
 
 def test_plan_trades_recompute_for_offload_only_where_host_memory_allows():

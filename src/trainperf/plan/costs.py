@@ -276,7 +276,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     t_offload = 0.0
     if off_share > 0:  # PCIe copies on side streams, hidden unless they outlast the compute beside them
         off_layers = off_share * L_rank
-        copy = layer_set / (gpu.pcie_gbps * 1e9)  # one layer's set, one way
+        # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
+        # node copies at the same points of the step)
+        copy = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
         fwd_layer = (t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3) / L_rank
         bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
         # out: queued behind each other, under the rest of the forward and the backward of the layers above
