@@ -95,9 +95,10 @@ class TrainSpec:
     # the layers recompute_layers leaves out: none (keep every activation) or selective (keep the
     # projections' outputs, recompute the pointwise ops) -- between the two in memory and time
     recompute_others: str = "none"
-    # decoder layers of each pipeline stage (its first ones) whose saved activations wait in pinned
-    # host memory between forward and backward instead of being recomputed (parallel/offload.py);
-    # train.recompute and recompute_layers then apply to the layers after them
+    # decoder layers of each pipeline stage whose saved activations wait in pinned host memory between
+    # forward and backward instead of being recomputed (parallel/offload.py): spread among the first
+    # offload_layers + recompute_layers layers, which recompute_layers' recomputed ones fill out
+    # (parallelize.layer_memory_modes); PCIe bounds what it hides (docs/PERFORMANCE.md)
     offload_layers: int = 0
     seed: int = 1234
     log_every: int = 10

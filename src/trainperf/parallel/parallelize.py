@@ -5,7 +5,7 @@ fixed order (torchtitan's):
     2. TP + SP          parallelize_module plans; LoRA-aware styles; loss-parallel output
     3. CP               context_parallel() around each step (applied per step, see train/loop.py)
     4. recompute        activation checkpointing per decoder layer (none | selective | full), or
-                        activation offload to pinned host memory for the first offload_layers
+                        activation offload to pinned host memory (offload_layers, spread among them)
     5. compile          torch.compile per decoder layer
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
                         (skipped for one process with a bf16 LoRA base: runs_without_fsdp)

@@ -30,8 +30,8 @@ class GPU:
     # (2026-11-30, eighth session)
     pcie_gbps: float = 50.0
     # GPUs behind one PCIe switch uplink to the host: when they copy at once each gets its share. HGX
-    # H100/H200 boards put two GPUs behind each switch; on 2 x H200 the 70B recipe's four offload
-    # runs fit this (55/2 GB/s: within the no-offload runs' own error, +3..8%; 35% off at 52 GB/s),
+    # H100/H200 boards put two GPUs behind each switch; on 2 x H200 the 70B recipe's three offload
+    # runs fit this (52/2 GB/s: within the no-offload runs' own error, +3..5%; 18-35% off at 52),
     # while one GPU alone (7B) fits the full rate -- inferred from those fits, not a direct probe
     host_link_gpus: float = 1.0
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
