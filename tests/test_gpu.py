@@ -220,3 +220,19 @@ def test_activation_offload_on_gpu_trains_like_keeping_activations_in_less_memor
     tokens = spec.data.seq_len * spec.train.global_batch_size
     expected = 4 * activation_bytes_per_token_layer(spec, "none") * tokens / 2**30
     assert res["offload"]["activation_offload_gib_per_step"] == pytest.approx(expected, rel=0.25)
+
+
+def test_preflight_measures_the_host_link_alone_and_together(tmp_path):
+    """`trainperf preflight --quick` on every visible GPU: pinned copies each way, each GPU alone and
+    all at once, judged against the preset; the planner gets pcie_gbps and host_link_gpus from it."""
+    n = gpus()
+    out = subprocess.run(trainperf_cmd("preflight", "--quick", "--kernels", "no", "--json", "--nproc-per-node", str(n),
+                                       "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    res = json.loads(out.stdout)
+    rows = res["host_link"]
+    assert {(r["direction"], r["mode"]) for r in rows} == {(d, m) for d in ("d2h", "h2d") for m in ("alone", "together")}
+    assert sorted({r["rank"] for r in rows}) == list(range(n))
+    assert all(10 < r["gbps"] < 80 for r in rows), rows  # PCIe Gen4/Gen5 x16, pinned
+    ov = res["measured_overrides"]
+    assert ov["pcie_gbps"] > 10 and 1 <= ov["host_link_gpus"] <= n

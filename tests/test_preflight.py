@@ -250,6 +250,30 @@ def test_measured_overrides_feed_the_planner_preset():
     assert "intra_busbw_gbps" not in measured_overrides(evaluate(synthetic_raw(top=2**20), _h200()))
 
 
+def _with_host_link(raw: dict, alone=(55.0, 55.0, 54.0, 55.0), together=(27.0, 27.5, 27.0, 27.5)) -> dict:
+    raw["host_link"] = [{"rank": r, "direction": d, "mode": m, "bytes": 2**30, "time_s": 1.0, "gbps": v}
+                        for d in ("d2h", "h2d") for m, vals in (("alone", alone), ("together", together))
+                        for r, v in enumerate(vals)]
+    return raw
+
+
+def test_host_link_is_judged_alone_against_pcie_and_together_against_the_uplink_share():
+    """Each GPU alone against the preset's pinned-copy rate (52 GB/s on the H200), every GPU of the node
+    at once against its share of a PCIe switch uplink (two GPUs per switch: 26 GB/s)."""
+    res = evaluate(_with_host_link(synthetic_raw(gemm=(790,) * 4), alone=(55.0, 55.0, 38.0, 55.0)), _h200())
+    assert _row(res, "host link d2h (alone)", "rank 0")["verdict"] == "pass"
+    assert _row(res, "host link d2h (alone)", "rank 0")["datasheet"] == 52.0
+    assert _row(res, "host link d2h (alone)", "rank 2")["verdict"] == "fail"  # 31% below the best GPU
+    together = _row(res, "host link h2d (together)", "rank 1")
+    assert together["datasheet"] == 26.0 and together["verdict"] == "pass"
+    ov = measured_overrides(res)
+    assert ov["pcie_gbps"] == 38.0 and ov["host_link_gpus"] == 2.0  # the slowest alone; 55 / 27.25
+    assert dataclasses.replace(_h200(), **ov).host_link_gpus == 2.0
+    # GPUs with their own uplinks: together as fast as alone, one GPU per link
+    own = measured_overrides(evaluate(_with_host_link(synthetic_raw(gemm=(790,) * 4), together=(54.0,) * 4), _h200()))
+    assert own["host_link_gpus"] == 1.0
+
+
 # -- real runs on CPU -------------------------------------------------------------------------------
 
 def _check_cpu_result(res: dict, world: int) -> None:
@@ -272,6 +296,7 @@ def _check_cpu_result(res: dict, world: int) -> None:
     assert {b["check"] for b in res["baseline"]} >= {"gemm fp32", "all_reduce (world)"}
     assert all(b["ratio"] > 0 for b in res["baseline"])
     assert res["measured_overrides"] == {}
+    assert res["host_link"] == []  # no device to copy to
 
 
 def test_two_process_gloo_preflight_via_the_command(tmp_path, capsys):

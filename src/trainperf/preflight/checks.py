@@ -20,7 +20,9 @@ Verdicts (documented thresholds, ``THRESHOLDS``):
 * against the datasheet of the detected GPU (a ``trainperf.plan.hardware`` preset, or ``--gpu``):
   bf16 GEMM >= 70% of the dense peak passes, >= 55% warns, else fails (healthy H200: 73-80%);
   fp8 GEMM >= 60% / >= 45% of the fp8 peak (8192^3 with unit tensorwise scales reaches 67-74% on a
-  healthy H200); HBM copy >= 80% / >= 65% of the preset's copy bandwidth; collective and pair
+  healthy H200); HBM copy >= 80% / >= 65% of the preset's copy bandwidth; pinned host <-> device copies
+  >= 80% / >= 65% of the preset's ``pcie_gbps`` for a GPU alone and of its share of the switch uplink
+  (``pcie_gbps / host_link_gpus``) with every GPU of the node at once; collective and pair
   busbw at the largest size >= 80% / >= 60% of the preset busbw (intra-node busbw for a group inside one
   node, inter-node busbw for a group that crosses nodes). Sizes below 256 MiB are latency-bound and are
   never compared with the datasheet.
@@ -52,6 +54,7 @@ THRESHOLDS: dict[str, Any] = {
     "gemm_bf16": (0.70, 0.55),
     "gemm_fp8": (0.60, 0.45),
     "hbm": (0.80, 0.65),
+    "host_link": (0.80, 0.65),
     "busbw": (0.80, 0.60),
     # slower than the best of the same run by at least this fraction: warn, fail (and named slow)
     "slower_than_best": (0.05, 0.10),
@@ -268,7 +271,14 @@ def _preset_dict(preset) -> dict | None:
     if preset is None:
         return None
     return {k: getattr(preset, k) for k in ("name", "bf16_tflops", "fp8_tflops", "hbm_tbps", "intra_busbw_gbps",
-                                            "inter_busbw_gbps", "gemm_eff")}
+                                            "inter_busbw_gbps", "gemm_eff", "pcie_gbps", "host_link_gpus")}
+
+
+def _gpus_per_node(ranks: list[dict]) -> int:
+    per: dict[str, int] = {}
+    for info in ranks:
+        per[info.get("node", info.get("host", ""))] = per.get(info.get("node", info.get("host", "")), 0) + 1
+    return max(per.values()) if per else 1
 
 
 def _who(ranks: list[dict], r: int) -> str:
@@ -338,6 +348,21 @@ def evaluate(raw: dict, preset=None, preset_source: str | None = None) -> dict:
         if not cpu and r["slower"] >= THRESHOLDS["slower_than_best"][1]:
             slow_gpus.append({"check": "hbm copy", "rank": h["rank"], "who": row["subject"], "value": h["tbps"],
                               "best": max(x["tbps"] for x in hbm), "slower_pct": 100 * r["slower"]})
+
+    # host link: each GPU alone against the preset's rate, all at once against its share of the uplink
+    host = raw.get("host_link", [])
+    for direction in ("d2h", "h2d"):
+        for mode in ("alone", "together"):
+            rs = [h for h in host if h["direction"] == direction and h["mode"] == mode]
+            rel = relative_verdicts({h["rank"]: h["gbps"] for h in rs})
+            ref = ds.get("pcie_gbps")
+            if ref and mode == "together":
+                ref = ref / max(1.0, min(ds.get("host_link_gpus", 1.0), _gpus_per_node(ranks)))
+            for h in rs:
+                r = rel[h["rank"]]
+                r["best_name"] = _who(ranks, r["best"])
+                add(f"host link {direction} ({mode})", _who(ranks, h["rank"]), fmt_bytes(h["bytes"]), h["gbps"], "GB/s",
+                    ref, THRESHOLDS["host_link"], r)
 
     # collectives: each group at its largest size
     colls = raw.get("collectives", [])
@@ -426,7 +451,10 @@ def measured_overrides(result: dict) -> dict:
     * ``hbm_tbps``: the slowest GPU's copy bandwidth;
     * ``intra_busbw_gbps``: the mean of all-gather and reduce-scatter busbw at the largest size, of the
       slowest intra-node group (the preset's figure is the same two collectives at 1 GiB);
-    * ``inter_busbw_gbps``: likewise over the rails (one GPU per node), multi-node runs only.
+    * ``inter_busbw_gbps``: likewise over the rails (one GPU per node), multi-node runs only;
+    * ``pcie_gbps``: the slowest GPU's pinned copy rate alone (the slower direction), and
+      ``host_link_gpus``: how many GPUs' worth that rate is divided by when every GPU of the node copies
+      at once (alone / together, rounded; at least 1).
 
     A synchronous job runs at the pace of its slowest member, hence the minima. Collective figures
     are only taken at >= 256 MiB; CPU results give nothing."""
@@ -440,6 +468,12 @@ def measured_overrides(result: dict) -> dict:
     hbm = [h["tbps"] for h in result.get("hbm", [])]
     if hbm:
         out["hbm_tbps"] = round(min(hbm), 3)
+    host = result.get("host_link", [])
+    alone = [h["gbps"] for h in host if h["mode"] == "alone"]
+    together = [h["gbps"] for h in host if h["mode"] == "together"]
+    if alone and together:
+        out["pcie_gbps"] = round(min(alone), 1)
+        out["host_link_gpus"] = float(max(1, round(statistics.median(alone) / statistics.median(together))))
     colls = result.get("collectives", [])
     for kind, key in (("intra", "intra_busbw_gbps"), ("inter", "inter_busbw_gbps")):
         cand = [c for c in colls if c["collective"] in ("all_gather", "reduce_scatter") and c["kind"] == kind

@@ -167,6 +167,30 @@ def hbm_copy(ctx: Ctx, nbytes: int, warmup: int, iters: int) -> dict:
             "plain_time_s": t_plain}
 
 
+def host_link(ctx: Ctx, nbytes: int, warmup: int, iters: int) -> list[dict]:
+    """Pinned host <-> device copies (what activation offload moves), each direction: first each GPU
+    of a node alone (the same local rank on every node at once: nodes share no PCIe), then every GPU
+    at once -- GPUs behind one PCIe switch uplink show it as a drop (HGX boards put two behind each).
+    CUDA only: on CPU there is no device to copy to."""
+    if not ctx.is_cuda:
+        return []
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world))
+    rows = []
+    for direction, fn in (("d2h", lambda: host.copy_(dev, non_blocking=True)),
+                          ("h2d", lambda: dev.copy_(host, non_blocking=True))):
+        for turn in range(local_world):
+            t = timed(ctx, fn if ctx.local_rank == turn else None, warmup, iters)
+            if t is not None:
+                rows.append({"rank": ctx.rank, "direction": direction, "mode": "alone", "bytes": nbytes,
+                             "time_s": t, "gbps": nbytes / t / 1e9})
+        t = timed(ctx, fn, warmup, iters)
+        rows.append({"rank": ctx.rank, "direction": direction, "mode": "together", "bytes": nbytes, "time_s": t,
+                     "gbps": nbytes / t / 1e9})
+    return rows
+
+
 # -- collectives --------------------------------------------------------------------------------------
 
 def _collective_fn(coll: str, inp: torch.Tensor, out: torch.Tensor, group) -> Callable[[], object]:
@@ -285,6 +309,9 @@ def _measure(ctx: Ctx, req: dict) -> dict:
     ctx.log("gemm done")
     hbm_row = hbm_copy(ctx, hbm_bytes, warmup, iters)
     ctx.log("hbm copy done")
+    host_rows = host_link(ctx, min(hbm_bytes, 2**30), warmup, iters)
+    if host_rows:
+        ctx.log("host link done")
 
     groups_out, coll_records, pair_records = [], [], []
     if ctx.world > 1:
@@ -306,6 +333,7 @@ def _measure(ctx: Ctx, req: dict) -> dict:
 
     all_gemm = [r for rows in _gather(gemm_rows) for r in rows]
     all_hbm = _gather(hbm_row)
+    all_host = [r for rows in _gather(host_rows) for r in rows]
     all_coll = [r for rows in _gather(coll_records) for r in rows]
     all_pairs = [r for rows in _gather(pair_records) for r in rows]
     versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
@@ -325,7 +353,7 @@ def _measure(ctx: Ctx, req: dict) -> dict:
                                "time = mean per call, averaged over the group's ranks" if ctx.is_cuda else
                                "time.perf_counter around iters calls after warm-up and a group barrier"},
         "groups": groups_out,
-        "gemm": all_gemm, "hbm": all_hbm,
+        "gemm": all_gemm, "hbm": all_hbm, "host_link": all_host,
         "collectives": checks.aggregate_collectives(all_coll, groups_out),
         "pairs": checks.aggregate_pairs(all_pairs, nodes),
     }
