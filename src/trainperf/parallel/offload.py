@@ -60,7 +60,9 @@ def _as_bytes(storage: torch.UntypedStorage, device: torch.device) -> torch.Tens
 class OffloadStats:
     tensors: int = 0  # saved tensors packed to the host since the last reset
     bytes: int = 0  # storage bytes copied to the host (each storage once per layer call)
-    kept: int = 0  # saved tensors left in place (small, a parameter's or an argument's storage)
+    kept: int = 0  # saved tensors left in place (small, a parameter's or an argument's storage, a subclass)
+    kept_subclass_bytes: int = 0  # of those, tensor subclasses (eager DTensor / float8 activations) that stay
+    fetched_on_demand: int = 0  # layer calls whose copy back was not issued ahead of their backward
 
 
 class _Saved:
@@ -85,8 +87,10 @@ class _LayerCall:
         # could be reallocated at the same address within the forward and be taken for the first
         self.alive: list[torch.Tensor] = []
         self.device: dict[int, torch.Tensor] = {}  # storage key -> uint8 device copy (after fetch)
-        self.fetched = False
-        self.ready: torch.cuda.Event | None = None
+        self.fetched = False  # copies back issued
+        self.started = False  # backward reached (first unpack): the calls below have been prefetched
+        self.copied_out: torch.cuda.Event | None = None  # after this call's last copy out
+        self.ready: torch.cuda.Event | None = None  # after its copies back
 
     def fetch(self) -> None:
         """Issue the copies back to the device (on the h2d stream under CUDA)."""
@@ -102,15 +106,23 @@ class _LayerCall:
         # point: a block the compute stream just freed may still be read by kernels queued before it
         self.device = {k: torch.empty_like(h, device=off.device) for k, h in self.host.items()}
         off.h2d.wait_stream(compute)
+        if self.copied_out is not None:  # the copy out may still be writing the host buffers
+            off.h2d.wait_event(self.copied_out)
         with torch.cuda.stream(off.h2d):
             for k, h in self.host.items():
                 self.device[k].copy_(h, non_blocking=True)
+                # a call dropped before it is unpacked (backward cut short) frees the block while the
+                # copy may still write it
+                self.device[k].record_stream(off.h2d)
             self.ready = torch.cuda.Event()
             self.ready.record(off.h2d)
 
     def restore(self, s: _Saved) -> torch.Tensor:
-        if not self.fetched:  # the first unpack of this layer's backward
-            self.fetch()
+        if not self.started:  # the first unpack of this layer's backward
+            self.started = True
+            if not self.fetched:
+                self.offloader.stats.fetched_on_demand += 1
+                self.fetch()
             below = self.below
             for _ in range(PREFETCH_DEPTH):  # their copies run under this layer's backward and the next
                 if below is None:
@@ -158,7 +170,11 @@ class ActivationOffloader:
         call.alive.clear()
 
     def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
-        if type(t) is not torch.Tensor or t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
+        if type(t) is not torch.Tensor:  # DTensor, float8 subclasses: their own storage layout
+            self.stats.kept += 1
+            self.stats.kept_subclass_bytes += t.numel() * t.element_size()
+            return t
+        if t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
             self.stats.kept += 1
             return t
         key = _storage_key(t)
@@ -177,6 +193,8 @@ class ActivationOffloader:
                     host.copy_(src, non_blocking=True)
                 src.record_stream(self.d2h)  # the block is not reused before the copy has read it
                 call.host[key] = host
+                call.copied_out = torch.cuda.Event()  # the stream is in order: the latest covers them all
+                call.copied_out.record(self.d2h)
             call.alive.append(src)
             self.stats.bytes += storage.nbytes()
         self.stats.tensors += 1

@@ -13,6 +13,7 @@ full recompute, all within 5% (docs/PLANNER.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trainperf.plan.hardware import GPU
@@ -22,6 +23,10 @@ from trainperf.train import metrics
 
 GIB = 2**30
 PINNED_HOST_SHARE = 0.5  # of a node's memory that offloaded activations may pin (train.offload_layers)
+# PyTorch's pinned allocator rounds each block up to a power of two: 1.0-2.0x per storage; most of a
+# Llama layer's saved storages are powers of two already (x, q, attention's output, masks), the MLP's
+# are not (7B: 172 -> 256 MiB). Assumed, until the run summary's pinned_host_gib says otherwise.
+PINNED_ROUNDING = 1.25
 FIXED_CONTEXT_GIB = 2.0  # CUDA context + NCCL communicator buffers (Megatron estimator's "overhead")
 FRAGMENTATION = 0.05  # caching-allocator slack on top of what is allocated
 
@@ -224,10 +229,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     layer_set = activation_bytes_per_token_layer(spec, "none") * tokens_mb  # one layer's whole saved set
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = layer_set
-    if off_share > 0:  # the peak comes at the start of backward, before the offloaded (first) layers come
-        # back; one set is counted for the copies out that may still be queued behind the forward
-        est.memory["offload_in_flight"] = layer_set
-        est.host_offload_bytes = off_share * inflight_layers * layer_set
+    if off_share > 0:  # pinned blocks as the allocator rounds them (GPU side: offload_in_flight, below)
+        est.host_offload_bytes = off_share * inflight_layers * layer_set * PINNED_ROUNDING
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     chunk = tr.loss_chunk_tokens
     est.memory["logits_and_loss"] = 10.0 * (min(tokens_mb, chunk) if chunk > 0 else tokens_mb) * V / t
@@ -292,6 +295,10 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         rec_layer = fwd_layer if tr.recompute == "full" else t_selective / L_rank
         per_offloaded = bwd_layer + between * (bwd_layer + rec_layer)
         t_offload = t_out + copy + (off_layers - 1) * max(0.0, copy - per_offloaded)
+        # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
+        # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
+        # what is counted is the copies out still queued at that point, at least one set
+        est.memory["offload_in_flight"] = max(1.0, math.ceil(t_out / copy) + 1.0 if t_out > 0 else 1.0) * layer_set
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0

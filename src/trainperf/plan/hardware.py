@@ -29,10 +29,10 @@ class GPU:
     # on paper; 1 GiB pinned copies on 2 x H200 at once measured 55 device-to-host, 51-55 back
     # (2026-11-30, eighth session)
     pcie_gbps: float = 50.0
-    # GPUs behind one PCIe switch uplink to the host: when they copy at once each gets its share. HGX
-    # H100/H200 boards put two GPUs behind each switch; on 2 x H200 the 70B recipe's three offload
-    # runs fit this (52/2 GB/s: within the no-offload runs' own error, +3..5%; 18-35% off at 52),
-    # while one GPU alone (7B) fits the full rate -- inferred from those fits, not a direct probe
+    # GPUs behind one PCIe switch uplink to the host: when they copy at once each gets its share.
+    # HGX/DGX H100 and H200 boards put two GPUs (and two NICs) behind each switch: 2 in those presets,
+    # from the board's topology, not measured here (`trainperf preflight` measures it: host link alone
+    # vs together, and the planner then uses the measured figure)
     host_link_gpus: float = 1.0
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
     # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach:
@@ -116,7 +116,7 @@ PRESETS: dict[str, GPU] = {
     # one scale on the host constants (0.94, least squares over the 1B host-bound grid)
     "h200": scale_host_time(GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40, kernel_table="h200",
                                 kernel_table_gemm_eff=0.80, compile_other_factor=0.46, cp_attn_slowdown=2.12,
-                                pcie_gbps=52.0, host_link_gpus=2), 0.94),
+                                pcie_gbps=52.0, host_link_gpus=2), 0.94),  # HGX topology: 2 GPUs per PCIe switch
     "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40, host_link_gpus=2),  # the same HGX board
     "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20, pcie_gbps=25.0),  # PCIe Gen4
     "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),

@@ -175,6 +175,12 @@ def resolve_param_dtype(spec: RunSpec, device_type: str):
     return None
 
 
+def _pinned_host_gib() -> float | None:
+    stats = getattr(torch.cuda, "host_memory_stats", lambda: {})()
+    peak = stats.get("allocated_bytes.peak", stats.get("reserved_bytes.peak"))
+    return None if peak is None else peak / 2**30
+
+
 def _peak_mem_gib(device_type: str) -> float:
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**30
@@ -464,6 +470,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
         "peak_reserved_gib": float(reserved[0]) if device_type == "cuda" else None,
         "cuda_alloc_retries": int(reserved[1]) if device_type == "cuda" else None,
+        # pinned host memory this rank's caching host allocator held at its peak (train.offload_layers)
+        "pinned_host_gib": _pinned_host_gib() if device_type == "cuda" else None,
         "checkpoint_load_s": engine.load_s,
         "checkpoint_load_gib": engine.load_bytes / 2**30,
         # train.offload_layers: saved activations this rank copied to host memory per step (and back)
