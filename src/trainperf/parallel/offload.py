@@ -1,11 +1,12 @@
 """Activation offload (train.offload_layers): a decoder layer's saved activations go to pinned host
-memory during its forward and come back one layer ahead of its backward, instead of being recomputed
-(what Megatron-LM and NeMo call CPU activation offloading).
+memory during its forward and come back ahead of its backward, instead of being recomputed (what
+Megatron-LM and NeMo call CPU activation offloading).
 
 Why: on 2 x H200 the 70B closed recipe cannot keep every layer's activations (about 1.8 GiB per layer
 per 8192-token sequence) beside its weights. Recomputing a layer runs its forward again, about a
-third of its step; copying its activations over PCIe (~50 GB/s each way) takes ~40 ms, hidden under
-the forward of the layers after it and under the backward of the layer above it.
+third of its step; copying its activations over PCIe (~50 GB/s each way) takes ~40 ms, to be hidden
+under the forward of the layers after it and under the backward (and recomputation) of the layers
+above it.
 
 How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
 
@@ -165,14 +166,17 @@ class ActivationOffloader:
         def pack(t: torch.Tensor):
             return self._pack(call, keep, t)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-            yield
-        call.alive.clear()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+                yield
+        finally:
+            call.alive.clear()
 
     def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
         if type(t) is not torch.Tensor:  # DTensor, float8 subclasses: their own storage layout
             self.stats.kept += 1
-            self.stats.kept_subclass_bytes += t.numel() * t.element_size()
+            local = _local(t)
+            self.stats.kept_subclass_bytes += local.numel() * local.element_size()
             return t
         if t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
             self.stats.kept += 1

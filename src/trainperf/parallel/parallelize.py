@@ -360,8 +360,8 @@ def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
 
     A fully recomputed layer keeps its checkpoint outside the compiled graph (checkpoint(compiled
     forward)), and an offloaded layer its saved-tensor hooks (they apply when the compiled forward
-    saves its tensors, at run time): traced inside, the checkpoint of a layer with float8 GEMMs kept 1.16 GiB per 70B layer
-    of float8 copies on the H200 (1.28 GiB instead of the 0.125 GiB input, every full layer; the
+    saves its tensors, at run time). Traced inside, the checkpoint of a layer with float8 GEMMs kept
+    1.16 GiB per 70B layer of float8 copies on the H200 (1.28 GiB instead of the 0.125 GiB input, every full layer; the
     recipe ran out of memory in its first forward), while the eager checkpoint around the compiled
     forward drops whatever the graph saves, as it does for any function. Selective layers stay
     compiled with their checkpoint inside: the policy has to see the graph's individual ops.

@@ -224,7 +224,7 @@ def _best_offload(base, overrides, per_stage, gpu, gpus_per_node, headroom: floa
         o = overrides | {"train.offload_layers": n}
         if not fits_within(estimate(_apply(base, o | {"train.recompute_layers": per_stage - n}), gpu, gpus_per_node),
                            gpu, headroom):
-            break  # even recomputing every other layer: more offloaded layers only pin more host memory
+            break  # not even with every other layer recomputed; more offloaded layers only pin more host memory
         o = o | {"train.recompute_layers": _fewest_recomputed_layers(base, o, per_stage - n, gpu, gpus_per_node, headroom)}
         est = estimate(_apply(base, o), gpu, gpus_per_node)
         if est.step_time_s < best_time:

@@ -226,9 +226,12 @@ class Engine:
             sums, counts = both[0], both[1]
         return sums, counts
 
-    def offloaded_bytes(self) -> int:
-        """Bytes of saved activations this rank has copied to host memory so far (train.offload_layers)."""
-        return sum(part._activation_offloader.stats.bytes for _, part in self.parts
+    def offloaded_bytes(self, kept_subclasses: bool = False) -> int:
+        """Bytes of saved activations this rank has copied to host memory so far (train.offload_layers),
+        or with ``kept_subclasses`` those an offloaded layer had to keep on the device (DTensor and
+        float8 tensor subclasses: eager tensor parallel, eager float8)."""
+        return sum(part._activation_offloader.stats.kept_subclass_bytes if kept_subclasses
+                   else part._activation_offloader.stats.bytes for _, part in self.parts
                    if getattr(part, "_activation_offloader", None) is not None)
 
     # -- export -----------------------------------------------------------------------------------

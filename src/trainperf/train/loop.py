@@ -360,7 +360,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     engine.train()
     step = 0
     prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)  # a no-op unless train.profile_steps > 0
-    offloaded_before = engine.offloaded_bytes()  # the untimed warm-up's forward passes offload too
+    # the untimed warm-up's forward passes offload too
+    offloaded_before, kept_before = engine.offloaded_bytes(), engine.offloaded_bytes(kept_subclasses=True)
     for step in range(1, t.max_steps + 1):
         _test_stall(rank, step)
         clock.start()
@@ -476,6 +477,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "checkpoint_load_gib": engine.load_bytes / 2**30,
         # train.offload_layers: saved activations this rank copied to host memory per step (and back)
         "activation_offload_gib_per_step": (engine.offloaded_bytes() - offloaded_before) / max(step, 1) / 2**30,
+        # ... and what offloaded layers kept on the device because it is a tensor subclass
+        "activation_offload_kept_gib_per_step":
+            (engine.offloaded_bytes(kept_subclasses=True) - kept_before) / max(step, 1) / 2**30,
         "layout": layout_string(p),
         "placement": placement(p, int(os.environ.get("LOCAL_WORLD_SIZE", world))),
         "world_size": world,
