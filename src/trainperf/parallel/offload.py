@@ -175,7 +175,7 @@ class ActivationOffloader:
     def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
         if type(t) is not torch.Tensor:  # DTensor, float8 subclasses: their own storage layout
             self.stats.kept += 1
-            local = _local(t)
+            local = getattr(t, "_local_tensor", t)  # a DTensor's shard, read without a to_local op in the hook
             self.stats.kept_subclass_bytes += local.numel() * local.element_size()
             return t
         if t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
