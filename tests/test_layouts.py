@@ -150,12 +150,16 @@ def test_mini_lora_reaches_target_with_tp2(tmp_path):
     # activation offload (train.offload_layers) under FSDP2, and under 1F1B pipelining, where a stage
     # runs several micro-batches' forwards before their backwards
     ("none", 2, ["parallel.dp_shard=2", "train.offload_layers=1"]),
+    # eager TP + SP: what autograd saves inside DTensor ops are DTensors, which stay on the device
+    ("none", 2, ["parallel.tp=2", "parallel.sp=true", "parallel.dp_shard=1", "train.offload_layers=1"]),
 ])
 def test_activation_checkpointing_changes_nothing(tmp_path, references, recompute, nproc, layout):
     run = run_three_steps(tmp_path, "mini-lora", nproc, [f"train.recompute={recompute}", *layout])
     assert run["spec"]["train"]["recompute"] == recompute
     summary = json.loads((Path(run["out_dir"]) / "summary.json").read_text())
     assert (summary["activation_offload_gib_per_step"] > 0) == ("train.offload_layers=1" in layout)
+    assert (summary["activation_offload_kept_gib_per_step"] > 0) == ("train.offload_layers=1" in layout
+                                                                     and "parallel.tp=2" in layout)
     assert_same_training(run, references("mini-lora"))
 
 

@@ -173,6 +173,9 @@ class ActivationOffloader:
             call.alive.clear()
 
     def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
+        if isinstance(t, nn.Parameter):  # a weight (FSDP2's gathered ones are Parameters too)
+            self.stats.kept += 1
+            return t
         if type(t) is not torch.Tensor:  # DTensor, float8 subclasses: their own storage layout
             self.stats.kept += 1
             local = getattr(t, "_local_tensor", t)  # a DTensor's shard, read without a to_local op in the hook
