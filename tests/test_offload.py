@@ -195,3 +195,21 @@ def test_host_memory_over_budget_is_refused_before_launch():
         check_memory(spec, PRESETS["h200"], 2)
     msg = str(err.value)
     assert "train.offload_layers=60" in msg and "train.offload_layers <= 14" in msg and "\n" not in msg
+
+
+def test_plan_command_shows_the_offload_pick_and_its_host_memory(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import trainperf_cmd
+
+    out = subprocess.run(trainperf_cmd("plan", "llama2_70b_lora", "--gpus", "2", "--gpu", "h200", "--datasheet", "--json",
+                                       "--objective", "throughput", "--top", "3", "--db", str(tmp_path / "t.db"),
+                                       "--set", "train.compile=true", "--set", "hardware.host_mem_gib=256",
+                                       "--set", "hardware.fp8=tensorwise", "--set", "hardware.frozen_dtype=fp8"),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    best = json.loads(out.stdout)["ranked"][0]
+    assert "train.offload_layers=" in best["set"]
+    assert 0 < best["host_offload_gib"] <= 0.5 * 256 / 2
+    assert best["time"]["offload_exposed"] > 0

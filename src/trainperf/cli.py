@@ -256,6 +256,7 @@ def cmd_plan(args) -> int:
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
+             "host_offload_gib": c.est.host_offload_bytes / 2**30,
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
     usable = round((1 - headroom) * gpu.hbm_gib, 3)
     over = sum(1 for c in oom if c.est.fits)  # would fit without the headroom
