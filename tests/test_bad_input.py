@@ -338,6 +338,7 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
         (["parallel.cp=2", "parallel.dp_shard=1", "hardware.device=cuda", "train.compile=true"], 2,
          ["train.compile=true", "parallel.cp=2", "parallel.cp=1"]),
         (["train.offload_layers=99"], 1, ["train.offload_layers=99", "0..2"]),
+        (["hardware.host_mem_gib=-1"], 1, ["hardware.host_mem_gib=-1", ">= 0"]),
         (["train.recompute=full", "train.offload_layers=1", "train.recompute_layers=2"], 1,
          ["train.recompute_layers=2", "0..1", "after the 1 offloaded ones"]),
         (["hardware.frozen_dtype=fp8"], 1, ["hardware.frozen_dtype=fp8", "lora.rank > 0", "hardware.fp8=tensorwise"]),

@@ -483,6 +483,8 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if t.recompute not in RECOMPUTE_MODES:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
     _validate_fp8(spec)
+    if spec.hardware.host_mem_gib < 0:
+        raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")
     per_stage = layers_per_stage(spec)
     if not 0 <= t.offload_layers <= per_stage:
         raise SpecError(f"train.offload_layers={t.offload_layers}: must be 0..{per_stage} (the decoder layers of one "

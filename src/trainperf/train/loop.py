@@ -176,7 +176,10 @@ def resolve_param_dtype(spec: RunSpec, device_type: str):
 
 
 def _pinned_host_gib() -> float | None:
-    stats = getattr(torch.cuda, "host_memory_stats", lambda: {})()
+    try:  # the pinned allocator's statistics (torch.cuda.host_memory_stats: recent torch only)
+        stats = torch.cuda.host_memory_stats()
+    except (AttributeError, RuntimeError):
+        return None
     peak = stats.get("allocated_bytes.peak", stats.get("reserved_bytes.peak"))
     return None if peak is None else peak / 2**30
 
