@@ -62,6 +62,12 @@ def test_breakdown_on_a_hand_built_step():
     b = A.breakdown(1, 0, 100, comp, comm, mem)
     assert (b.compute, b.comm, b.overlap, b.exposed, b.mem) == (60, 40, 20, 20, 3)
     assert b.idle == 100 - 80 - 3  # busy = [10, 90) + [92, 95)
+    assert b.mem_exposed == 3  # the copy runs while nothing else does
+    assert b.span == b.compute + b.comm - b.overlap + b.mem_exposed + b.idle
+    # a copy under compute (an offloaded layer's copy hidden by the next layer) is not exposed
+    b = A.breakdown(4, 0, 100, comp, comm, [(15, 25), (85, 95)])
+    assert (b.mem, b.mem_exposed) == (20, 5)
+    assert b.span == b.compute + b.comm - b.overlap + b.mem_exposed + b.idle
     # the window clips: only [50, 100) of the same timeline
     b = A.breakdown(2, 50, 100, comp, comm, mem)
     assert (b.compute, b.comm, b.overlap, b.idle) == (30, 20, 10, 50 - 40 - 3)

@@ -9,10 +9,12 @@ Per step (the ``ProfilerStep#k`` spans of the main thread) and per rank, on inte
     overlap   |U(COMP) ∩ U(COMM)|       overlap % = overlap / comm
     exposed   |U(COMM) \\ U(COMP)|       = comm - overlap
     mem       |U(MEM)|                  GPU memcpy/memset (0 on CPU)
+    exposed mem |U(MEM) \\ (U(COMP) ∪ U(COMM))|  copies nothing else runs beside (activation offload's
+                                        cost when it is not hidden)
     idle      step - |U(COMP ∪ COMM ∪ MEM)|
 
 Times are integer nanoseconds inside (the traces' microsecond floats are rounded once, at load), so
-the identity step = compute + comm - overlap + (mem not under compute/comm) + idle holds exactly.
+the identity step = compute + comm - overlap + exposed mem + idle holds exactly.
 
 Collectives: every NCCL kernel carries its metadata in its args (Collective name, In/Out msg nelems,
 dtype, Group size, Process Group Name/Description/Ranks -- checked on torch 2.11 + NCCL 2.28); gloo
@@ -122,6 +124,7 @@ class Breakdown:
     overlap: int
     mem: int
     idle: int
+    mem_exposed: int = 0
 
     @property
     def exposed(self) -> int:
@@ -132,9 +135,10 @@ def breakdown(step: int, lo: int, hi: int, comp: list[Interval], comm: list[Inte
               mem: list[Interval] = ()) -> Breakdown:
     """Compute / comm / overlap / mem / idle of the window [lo, hi) from merged interval lists."""
     c, m, x = clip(comp, lo, hi), clip(comm, lo, hi), clip(list(mem), lo, hi)
-    busy = union(union(c, m), x)
+    kernels = union(c, m)
+    busy = union(kernels, x)
     return Breakdown(step=step, span=hi - lo, compute=total(c), comm=total(m), overlap=total(intersect(c, m)),
-                     mem=total(x), idle=(hi - lo) - total(busy))
+                     mem=total(x), idle=(hi - lo) - total(busy), mem_exposed=total(busy) - total(kernels))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,14 +593,17 @@ def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) 
             rows.append({"rank": t.rank, "step": b.step, "step_s": b.span * ns, "compute_s": b.compute * ns,
                          "comm_s": b.comm * ns, "overlap_s": b.overlap * ns,
                          "overlap_pct": 100.0 * b.overlap / b.comm if b.comm else None,
-                         "exposed_comm_s": b.exposed * ns, "mem_s": b.mem * ns, "idle_s": b.idle * ns})
+                         "exposed_comm_s": b.exposed * ns, "mem_s": b.mem * ns,
+                         "exposed_mem_s": b.mem_exposed * ns, "idle_s": b.idle * ns})
         n = max(len(bds), 1)
         comm = sum(b.comm for b in bds)
         per_rank.append({"rank": t.rank, "steps": len(bds), "step_s": sum(b.span for b in bds) / n * ns,
                          "compute_s": sum(b.compute for b in bds) / n * ns, "comm_s": comm / n * ns,
                          "overlap_pct": 100.0 * sum(b.overlap for b in bds) / comm if comm else None,
                          "exposed_comm_s": sum(b.exposed for b in bds) / n * ns,
-                         "mem_s": sum(b.mem for b in bds) / n * ns, "idle_s": sum(b.idle for b in bds) / n * ns,
+                         "mem_s": sum(b.mem for b in bds) / n * ns,
+                         "exposed_mem_s": sum(b.mem_exposed for b in bds) / n * ns,
+                         "idle_s": sum(b.idle for b in bds) / n * ns,
                          "collective_wait_s": 0.0})
     by_rank = {r["rank"]: r for r in per_rank}
 
@@ -687,7 +694,7 @@ def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) 
 
     comm_all = sum(r["comm_s"] * r["steps"] for r in per_rank)
     overlap_all = sum(x["overlap_s"] for x in rows)
-    totals = {k: mean(k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "mem_s", "idle_s",
+    totals = {k: mean(k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "mem_s", "exposed_mem_s", "idle_s",
                                    "collective_wait_s")}
     totals["overlap_pct"] = 100.0 * overlap_all / comm_all if comm_all else None
     over = overhead(steps_info or {})

@@ -183,14 +183,17 @@ def print_summary(s: dict, top: int = 10) -> None:
     console.print(f"profiled steps (ProfilerStep#k = loop step k+1): {steps}")
 
     t = Table(title="per rank, mean per step (ms)")
-    for col in ("rank", "step", "compute", "comm", "overlap", "exposed comm", "mem", "idle", "wait in coll."):
+    for col in ("rank", "step", "compute", "comm", "overlap", "exposed comm", "mem", "exposed mem", "idle",
+                "wait in coll."):
         t.add_column(col, justify="right")
     for r in s["per_rank"]:
         t.add_row(str(r["rank"]), _ms(r["step_s"]), _ms(r["compute_s"]), _ms(r["comm_s"]), _pct(r["overlap_pct"]),
-                  _ms(r["exposed_comm_s"]), _ms(r["mem_s"]), _ms(r["idle_s"]), _ms(r["collective_wait_s"]))
+                  _ms(r["exposed_comm_s"]), _ms(r["mem_s"]), _ms(r["exposed_mem_s"]), _ms(r["idle_s"]),
+                  _ms(r["collective_wait_s"]))
     tot = s["totals"]
     t.add_row("mean", _ms(tot["step_s"]), _ms(tot["compute_s"]), _ms(tot["comm_s"]), _pct(tot["overlap_pct"]),
-              _ms(tot["exposed_comm_s"]), _ms(tot["mem_s"]), _ms(tot["idle_s"]), _ms(tot["collective_wait_s"]),
+              _ms(tot["exposed_comm_s"]), _ms(tot["mem_s"]), _ms(tot["exposed_mem_s"]), _ms(tot["idle_s"]),
+              _ms(tot["collective_wait_s"]),
               style="bold")
     console.print(t)
 
