@@ -43,3 +43,19 @@ def gloo_group():
 def trainperf_cmd(*args: str) -> list[str]:
     """The CLI as a user runs it, in a fresh interpreter."""
     return [sys.executable, "-m", "trainperf", *args]
+
+
+def two_adamw_steps(engine, vocab_size: int) -> list[float]:
+    """Two AdamW steps (lr 1e-2) of an engine on fixed random tokens, two micro-batches of 2 x 32 each;
+    the losses."""
+    import torch
+
+    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(2):
+        batches = [(torch.randint(0, vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
+        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
+        opt.step()
+        opt.zero_grad()
+    return losses

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import two_adamw_steps
 from trainperf.parallel.offload import ActivationOffloader
 from trainperf.parallel.parallelize import layer_memory_modes
 
@@ -111,14 +112,7 @@ def _two_steps(*overrides: str):
     spec = resolve_spec(mini_lora_defaults(), None, ["train.seed=3", "lora.dropout=0", "model.num_layers=4", *overrides])
     resolve_layout(spec, 1)
     engine = Engine(spec, par.build_mesh(spec.parallel, "cpu"), torch.device("cpu"), torch.float32)
-    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(2):
-        batches = [(torch.randint(0, spec.model.vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
-        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
-        opt.step()
-        opt.zero_grad()
+    losses = two_adamw_steps(engine, spec.model.vocab_size)
     model = engine.parts[0][1]
     return losses, [getattr(x, "_recompute_mode", "none") for x in model.model.layers.values()], engine.offloaded_bytes()
 

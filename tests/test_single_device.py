@@ -7,6 +7,7 @@ from unittest.mock import patch
 
 import torch
 
+from conftest import two_adamw_steps
 from trainperf.parallel import parallelize as par
 from trainperf.specs import resolve_layout, resolve_spec
 from trainperf.train.engine import Engine
@@ -23,14 +24,7 @@ def _two_steps(*overrides: str, fsdp: bool | None = None):
     with patch.object(par, "runs_without_fsdp", choice):
         engine = Engine(spec, mesh, torch.device("cpu"), torch.bfloat16)
     model = engine.parts[0][1]
-    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(2):
-        batches = [(torch.randint(0, spec.model.vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
-        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
-        opt.step()
-        opt.zero_grad()
+    losses = two_adamw_steps(engine, spec.model.vocab_size)
     from torch.distributed.tensor import DTensor
 
     adapters = {n: (q.full_tensor() if isinstance(q, DTensor) else q).detach().clone()

@@ -49,8 +49,9 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (its storage is what the compiled graph saves)."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    """A DTensor's local shard (its storage is what the compiled graph saves), read without an op:
+    this also runs inside the pack hook."""
+    return getattr(t, "_local_tensor", t)
 
 
 def _as_bytes(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -178,7 +179,7 @@ class ActivationOffloader:
             return t
         if type(t) is not torch.Tensor:  # DTensor, float8 subclasses: their own storage layout
             self.stats.kept += 1
-            local = getattr(t, "_local_tensor", t)  # a DTensor's shard, read without a to_local op in the hook
+            local = _local(t)
             self.stats.kept_subclass_bytes += local.numel() * local.element_size()
             return t
         if t.device.type != self.device.type or t.untyped_storage().nbytes() < self.min_bytes:
