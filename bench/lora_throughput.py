@@ -102,6 +102,17 @@ def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: st
                    model_spec.vocab_size, seq, steps, warmup)
 
 
+def run_side(fn, **kwargs) -> dict:
+    """One side's figures, or {"oom": first line of the error} when it does not fit: the other side still runs."""
+    try:
+        return fn(**kwargs)
+    except torch.OutOfMemoryError as exc:
+        return {"oom": str(exc).splitlines()[0]}
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
@@ -126,17 +137,19 @@ def main() -> int:
     results = {}
     runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
     for name, fn in runs:
-        r = fn(model_spec, lora, args.seq, args.recompute, args.steps, args.warmup, compile_layers=args.compile,
-               fp8=args.fp8)
-        gc.collect()
-        torch.cuda.empty_cache()
+        r = run_side(fn, model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
+                     warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
+        results[name] = r
+        if "oom" in r:
+            print(f"{name:10s} {args.shape} seq {args.seq} recompute {args.recompute}: does not fit this GPU ({r['oom']})",
+                  flush=True)
+            continue
         tps = args.seq / r["step_s"]
         r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
-        results[name] = r
         print(f"{name:10s} {args.shape} seq {args.seq} recompute {args.recompute}: {tps:,.0f} tokens/s, "
               f"{r['model_tflops']:.0f} model TFLOP/s, MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB",
               flush=True)
-    if "hf_peft" in results:
+    if all("tokens_per_s" in results.get(k, {}) for k in ("trainperf", "hf_peft")):
         ratio = results["trainperf"]["tokens_per_s"] / results["hf_peft"]["tokens_per_s"]
         results["ratio"] = ratio
         print(f"ratio trainperf / HF+PEFT: {ratio:.2f}x")
