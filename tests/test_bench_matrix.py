@@ -1,0 +1,51 @@
+"""bench/throughput_matrix.py and the side-by-side scripts' shared pieces, on CPU: which cell runs
+first, how a cell that does not fit is shown, and that one side's OOM leaves the other side's figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import lora_throughput  # noqa: E402
+import throughput_matrix  # noqa: E402
+
+
+def test_grid_runs_the_biggest_shapes_and_longest_sequences_first():
+    grid = throughput_matrix.cells(["1b", "13b", "7b"], [4096, 8192], ["none", "full"])
+    assert len(grid) == 12
+    assert grid[0] == ("13b", 8192, "full") and grid[-1] == ("1b", 4096, "none")
+    assert [c[0] for c in grid] == ["13b"] * 4 + ["7b"] * 4 + ["1b"] * 4
+
+
+def test_table_shows_a_side_that_does_not_fit_and_no_ratio_for_it(tmp_path):
+    lines = [
+        {"shape": "7b", "seq": 8192, "recompute": "none", "ratio": 1.65,
+         "trainperf": {"tokens_per_s": 15680.0, "mfu": 0.523, "peak_gib": 50.5},
+         "hf_peft": {"tokens_per_s": 9520.0, "mfu": 0.317, "peak_gib": 68.0}},
+        {"shape": "7b", "seq": 8192, "recompute": "selective",
+         "trainperf": {"tokens_per_s": 3000.0, "mfu": 0.41, "peak_gib": 120.0, "recompute": "selective"},
+         "eager": {"oom": "CUDA out of memory. Tried to allocate 2.00 GiB", "recompute": "none"}},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    rows = throughput_matrix.table([str(path)]).splitlines()
+    lora = next(r for r in rows if r.startswith("| lora"))
+    pretrain = next(r for r in rows if r.startswith("| pretrain"))
+    assert "15,680 / 52.3% / 50.5" in lora and "9,520 / 31.7% / 68.0" in lora and lora.endswith("| 1.65x |")
+    assert "selective / none" in pretrain and "does not fit" in pretrain and pretrain.endswith("| - |")
+    assert rows.index(lora) < rows.index(pretrain)  # LoRA rows first
+
+
+def test_one_side_out_of_memory_is_reported_not_raised():
+    def too_big(**_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB\nmore detail")
+
+    assert lora_throughput.run_side(too_big, seq=1) == {"oom": "CUDA out of memory. Tried to allocate 9.00 GiB"}
+    assert lora_throughput.run_side(lambda **kw: {"step_s": kw["seq"]}, seq=2) == {"step_s": 2}
+    with pytest.raises(ValueError):  # anything else is a bug and must surface
+        lora_throughput.run_side(lambda **_: (_ for _ in ()).throw(ValueError("bad")))
