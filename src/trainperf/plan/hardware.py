@@ -31,8 +31,9 @@ class GPU:
     pcie_gbps: float = 50.0
     # GPUs behind one PCIe switch uplink to the host: when they copy at once each gets its share.
     # HGX/DGX H100 and H200 boards put two GPUs (and two NICs) behind each switch: 2 in those presets,
-    # from the board's topology, not measured here (`trainperf preflight` measures it: host link alone
-    # vs together, and the planner then uses the measured figure)
+    # from the board's topology. `trainperf preflight` measures it (host link alone vs together) and
+    # the planner then uses the measured figure: on the 2 x H200 machine lent here each GPU kept its
+    # 55 GB/s with both copying at once (1, ninth session) -- a VM's pair need not share a switch
     host_link_gpus: float = 1.0
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
     # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach:
