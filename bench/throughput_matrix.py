@@ -61,8 +61,9 @@ def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], dead
                 missed.append(f"{cell[0]} seq {cell[1]} recompute {cell[2]}: killed after its time share")
             text = proc.communicate()[0]
             print(f"--- {kind} {cell} on GPU {gpu}, rc={proc.returncode}, t={time.monotonic() - t0:.0f}s", flush=True)
-            print("\n".join(line for line in text.splitlines() if "tokens/s" in line or "ratio" in line
-                            or "does not fit" in line or "Error" in line), flush=True)
+            print("\n".join(line for line in text.splitlines()  # the scripts' result lines and any error
+                            if line.startswith(("trainperf ", "hf_peft ", "eager ", "ratio ")) or "Error" in line),
+                  flush=True)
             if proc.returncode != 0 and not killed:
                 missed.append(f"{cell[0]} seq {cell[1]} recompute {cell[2]}: exit {proc.returncode}")
             del running[gpu]
