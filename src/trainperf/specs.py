@@ -98,7 +98,7 @@ class TrainSpec:
     # decoder layers of each pipeline stage whose saved activations wait in pinned host memory between
     # forward and backward instead of being recomputed (parallel/offload.py): spread among the first
     # offload_layers + recompute_layers layers, which recompute_layers' recomputed ones fill out
-    # (parallelize.layer_memory_modes); PCIe bounds what it hides (docs/PERFORMANCE.md)
+    # (layer_memory_modes, below); PCIe bounds what it hides (docs/PERFORMANCE.md)
     offload_layers: int = 0
     seed: int = 1234
     log_every: int = 10
@@ -384,6 +384,31 @@ def stages_per_rank(p: ParallelSpec) -> int:
 
 def layers_per_stage(spec: RunSpec) -> int:
     return spec.model.num_layers // (spec.parallel.pp * stages_per_rank(spec.parallel))
+
+
+# offloaded layers below the one in backward whose copies back are already issued (parallel/offload.py);
+# the highest offloaded layer's copy is issued this many layers above it. Here for the planner too.
+OFFLOAD_PREFETCH_DEPTH = 2
+
+
+def layer_memory_modes(n: int, recompute: str, recompute_layers: int = -1, others: str = "none",
+                       offload: int = 0) -> list[str]:
+    """What each of a stage's ``n`` decoder layers does with its activations: offload | full |
+    selective | none. The first ``offload`` + k layers (k = recompute_layers; -1: all the others) are
+    the ones that keep least on the GPU: ``offload`` of them (train.offload_layers) keep their
+    activations in pinned host memory, spread evenly among the k that get train.recompute -- a layer's
+    copy back then runs under the backward and the recomputation of the layers between it and the
+    offloaded layer above it, not under one layer's backward alone; the layers after them get
+    train.recompute_others (Megatron's recompute-num-layers). Offloading the first layers first: their
+    copies out overlap the forward of every layer after them."""
+    offload = min(offload, n)
+    if recompute == "none":
+        k, others = 0, "none"
+    else:
+        k = n - offload if recompute_layers < 0 else min(recompute_layers, n - offload)
+    block = offload + k
+    offloaded = {i * block // offload for i in range(offload)} if offload else set()
+    return ["offload" if i in offloaded else recompute if i < block else others for i in range(n)]
 
 
 def validate_layout(spec: RunSpec) -> None:

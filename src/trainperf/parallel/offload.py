@@ -22,7 +22,8 @@ How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
 * unpack: the first unpack in a layer's backward issues its copies back (unless already issued) and
   those of the PREFETCH_DEPTH offloaded layers below it, on another side stream, so their copies run
   under this layer's backward and the next ones'; the compute stream waits only for the layer it
-  needs. The link bounds it all: on one H200 a 7B-shape layer's set (1.05 GiB per 8192-token
+  needs. The highest offloaded layer's copy back is issued PREFETCH_DEPTH layers above it, when the
+  backward reaches that layer's output (``fetch_top_ahead``). The link bounds it all: on one H200 a 7B-shape layer's set (1.05 GiB per 8192-token
   sequence) takes 20 ms each way at 55 GB/s against 11 ms of that layer's backward, so offloading
   layers that would otherwise keep their activations only costs time; it pays where it replaces
   recomputation (docs/PERFORMANCE.md, eighth session).
@@ -38,10 +39,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainperf.specs import OFFLOAD_PREFETCH_DEPTH as PREFETCH_DEPTH
+
 # on CUDA a saved tensor smaller than this stays where it is: a copy would cost more than it frees
 # (on CPU, where offload only exercises the bookkeeping, everything is copied)
 SMALL_BYTES = 1 << 20
-PREFETCH_DEPTH = 2  # offloaded layers below the one in backward whose copies back are already issued
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -172,6 +174,22 @@ class ActivationOffloader:
                 yield
         finally:
             call.alive.clear()
+
+    def fetch_top_ahead(self, top: int):
+        """A forward hook for a layer above ``top``, the highest offloaded layer: once the backward
+        reaches that layer's output, the copy back of ``top``'s latest call is issued, to run under the
+        backward (and recomputation) of the layers in between. Without it the chain of prefetches
+        starts at ``top`` itself, whose whole copy back was exposed once per micro-batch (20 ms of a
+        7B layer, 35 ms of a 70B one at 55 GB/s)."""
+
+        def hook(module: nn.Module, args: tuple, output):
+            call = self._last() if self._last is not None else None
+            if call is None or call.index != top or not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return None
+            output.register_hook(lambda grad: call.fetch())
+            return None
+
+        return hook
 
     def _pack(self, call: _LayerCall, keep: set[int], t: torch.Tensor):
         if isinstance(t, nn.Parameter):  # a weight (FSDP2's gathered ones are Parameters too)

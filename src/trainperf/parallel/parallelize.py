@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainperf.model.float8 import apply_float8
-from trainperf.specs import ParallelSpec, RunSpec, stages_per_rank
+from trainperf.specs import ParallelSpec, RunSpec, layer_memory_modes, stages_per_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -272,40 +272,25 @@ def _recomputed_forward(layer: nn.Module, context_fn, *args):
     return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
 
 
-def layer_memory_modes(n: int, recompute: str, recompute_layers: int = -1, others: str = "none",
-                       offload: int = 0) -> list[str]:
-    """What each of a stage's ``n`` decoder layers does with its activations: offload | full |
-    selective | none. The first ``offload`` + k layers (k = recompute_layers; -1: all the others) are
-    the ones that keep least on the GPU: ``offload`` of them (train.offload_layers) keep their
-    activations in pinned host memory, spread evenly among the k that get train.recompute -- a layer's
-    copy back then runs under the backward and the recomputation of the layers between it and the
-    offloaded layer above it, not under one layer's backward alone; the layers after them get
-    train.recompute_others (Megatron's recompute-num-layers). Offloading the first layers first: their
-    copies out overlap the forward of every layer after them."""
-    offload = min(offload, n)
-    if recompute == "none":
-        k, others = 0, "none"
-    else:
-        k = n - offload if recompute_layers < 0 else min(recompute_layers, n - offload)
-    block = offload + k
-    offloaded = {i * block // offload for i in range(offload)} if offload else set()
-    return ["offload" if i in offloaded else recompute if i < block else others for i in range(n)]
-
-
 def apply_activation_offload(model: nn.Module, modes: list[str], device: torch.device) -> None:
     """The layers ``layer_memory_modes`` marks offload keep their saved activations in pinned host
     memory between forward and backward instead of recomputing them (parallel/offload.py)."""
     if "offload" not in modes:
         return
-    from trainperf.parallel.offload import ActivationOffloader
+    from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
 
     offloader = ActivationOffloader(device)
     model._activation_offloader = offloader
-    for index, (layer, mode) in enumerate(zip(model.model.layers.values(), modes)):
+    layers = list(model.model.layers.values())
+    for index, (layer, mode) in enumerate(zip(layers, modes)):
         if mode == "offload":
             layer._forward_plain = layer.forward
             layer._recompute_mode = "offload"
             layer.forward = partial(_offloaded_forward, layer, offloader, index)
+    top = max(i for i, mode in enumerate(modes) if mode == "offload")
+    ahead = min(top + PREFETCH_DEPTH, len(layers) - 1)
+    if ahead > top:  # a module hook: outside any compiled forward or checkpoint, not run by recomputation
+        layers[ahead].register_forward_hook(offloader.fetch_top_ahead(top))
 
 
 def _offloaded_forward(layer: nn.Module, offloader, index: int, *args):

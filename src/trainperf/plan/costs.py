@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from trainperf.plan.hardware import GPU
 from trainperf.plan.kernels import load_table
-from trainperf.specs import RunSpec, layers_per_stage, stages_per_rank
+from trainperf.specs import OFFLOAD_PREFETCH_DEPTH, RunSpec, layer_memory_modes, layers_per_stage, stages_per_rank
 from trainperf.train import metrics
 
 GIB = 2**30
@@ -286,15 +286,17 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
         # out: queued behind each other, under the rest of the forward and the backward of the layers above
         t_out = max(0.0, off_layers * copy - (L_rank * fwd_layer + (L_rank - off_layers) * bwd_layer))
-        # back: the top offloaded layer's copy waits in full; each one below has the backward of the
-        # offloaded layer above it and of the recomputed layers between them (spread evenly:
-        # parallelize.layer_memory_modes), recomputation included, to come back in. Prefetching deeper
-        # (offload.PREFETCH_DEPTH) absorbs jitter but not a link slower than that: the copies queue on
-        # one link, so each layer waits for whatever its copy takes beyond that time
+        # back: each offloaded layer has the backward of the offloaded layer above it and of the
+        # recomputed layers between them (spread evenly: layer_memory_modes), recomputation included,
+        # to come back in; the top one the backward of the OFFLOAD_PREFETCH_DEPTH layers above it (its
+        # copy is issued from there). Prefetching deeper absorbs jitter but not a link slower than
+        # that: the copies queue on one link, so each layer waits for whatever its copy takes beyond it
         between = share * L_rank / off_layers
         rec_layer = fwd_layer if tr.recompute == "full" else t_selective / L_rank
         per_offloaded = bwd_layer + between * (bwd_layer + rec_layer)
-        t_offload = t_out + copy + (off_layers - 1) * max(0.0, copy - per_offloaded)
+        above, above_recomputed = layers_above_top_offloaded(spec)
+        top_cover = above * bwd_layer + above_recomputed * rec_layer
+        t_offload = t_out + max(0.0, copy - top_cover) + (off_layers - 1) * max(0.0, copy - per_offloaded)
         # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
         # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
         # what is counted is the copies out still queued at that point, at least one set
@@ -388,6 +390,17 @@ def recomputed_share(spec: RunSpec) -> float:
     rest = per_stage - min(spec.train.offload_layers, per_stage)
     k = spec.train.recompute_layers
     return (rest if k < 0 else min(k, rest)) / per_stage
+
+
+def layers_above_top_offloaded(spec: RunSpec) -> tuple[int, int]:
+    """How many layers, up to OFFLOAD_PREFETCH_DEPTH, run their backward between the one that issues
+    the highest offloaded layer's copy back and that layer, and how many of those are recomputed."""
+    tr = spec.train
+    modes = layer_memory_modes(layers_per_stage(spec), tr.recompute, tr.recompute_layers, tr.recompute_others,
+                               tr.offload_layers)
+    top = max(i for i, mode in enumerate(modes) if mode == "offload")
+    window = modes[top + 1:top + 1 + OFFLOAD_PREFETCH_DEPTH]
+    return len(window), sum(mode == "full" for mode in window)
 
 
 def offloaded_share(spec: RunSpec) -> float:
