@@ -1,6 +1,6 @@
 """Issue 7's grid of side-by-side benchmarks: shapes x sequence lengths x recompute, one process per
-cell, the cells spread over the visible GPUs (one cell per GPU at a time), results as JSON lines and a
-Markdown table.
+cell, the cells spread over the visible GPUs (one cell per GPU at a time, each on its share of the CPU
+cores), results as JSON lines and a Markdown table.
 
     python bench/throughput_matrix.py lora --shapes 1b,7b,13b --seqs 4096,8192 --recompute none,full \
         --compile --out lora.jsonl --deadline-s 540
@@ -34,6 +34,14 @@ def cells(shapes: list[str], seqs: list[int], recomputes: list[str]) -> list[tup
     return sorted(grid, key=lambda c: (SIZE_ORDER.get(c[0], 3), -c[1], c[2]))
 
 
+def cpu_share(slot: int, slots: int) -> set[int]:
+    """The CPU cores of one GPU's cell: an even share, so that one cell's compile workers do not slow
+    the host-bound steps of the cell being timed on the other GPU (a 1B step is ~0.1-0.2 s)."""
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // slots)
+    return set(cores[slot * per:(slot + 1) * per]) or set(cores)
+
+
 def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], deadline_s: float, cell_timeout_s: float) -> list[str]:
     """Run every cell, one per GPU at a time; returns the cells that were not run or did not finish."""
     t0, pending, running, missed = time.monotonic(), list(grid), {}, []
@@ -49,7 +57,9 @@ def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], dead
             cmd = [sys.executable, str(SCRIPTS[kind]), "--shape", shape, "--seq", str(seq), "--recompute", recompute,
                    "--json", str(out), *extra]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cores = cpu_share(gpus.index(gpu), len(gpus))
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores))
             running[gpu] = (proc, (shape, seq, recompute), time.monotonic() + min(cell_timeout_s, left))
         time.sleep(1)
         for gpu, (proc, cell, until) in list(running.items()):

@@ -4,6 +4,7 @@ first, how a cell that does not fit is shown, and that one side's OOM leaves the
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,3 +50,11 @@ def test_one_side_out_of_memory_is_reported_not_raised():
     assert lora_throughput.run_side(lambda **kw: {"step_s": kw["seq"]}, seq=2) == {"step_s": 2}
     with pytest.raises(ValueError):  # anything else is a bug and must surface
         lora_throughput.run_side(lambda **_: (_ for _ in ()).throw(ValueError("bad")))
+
+
+def test_each_gpu_cell_gets_its_own_share_of_the_cores():
+    shares = [throughput_matrix.cpu_share(slot, 2) for slot in range(2)]
+    cores = os.sched_getaffinity(0)
+    assert all(share <= cores and share for share in shares)
+    if len(cores) >= 2:
+        assert not shares[0] & shares[1]  # disjoint: one cell's compile cannot slow the other's timing
