@@ -5,6 +5,8 @@ tests/test_layouts.py."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -101,12 +103,12 @@ def test_the_top_offloaded_layer_is_fetched_when_the_backward_reaches_a_layer_ab
     off = ActivationOffloader(torch.device("cpu"))
     layers[top + 2].register_forward_hook(off.fetch_top_ahead(top))
     x = torch.randn(4, 16)
-    fetched_before_backward = []
+    fetched_before_backward, freed_by_the_bottom = [], []
 
     def grads(offloader):
         for layer in layers:
             layer.zero_grad()
-        h = x
+        h = h0 = x.clone().requires_grad_(True)
         for i, layer in enumerate(layers):
             if offloader is not None and i <= top:
                 with offloader.layer_context(i, layer, (h,)):
@@ -114,7 +116,11 @@ def test_the_top_offloaded_layer_is_fetched_when_the_backward_reaches_a_layer_ab
             else:
                 h = torch.tanh(layer(h))
         if offloader is not None:
-            fetched_before_backward.append(offloader._last().fetched)
+            top_call = weakref.ref(offloader._last())
+            fetched_before_backward.append(top_call().fetched)
+            # by the time the backward reaches the bottom, the offloaded layers' calls (and their device
+            # copies) are gone, though the caller still holds the output the fetch hook hangs on
+            h0.register_hook(lambda grad: freed_by_the_bottom.append(top_call() is None))
         h.sum().backward()
         return [layer.weight.grad.clone() for layer in layers]
 
@@ -123,6 +129,7 @@ def test_the_top_offloaded_layer_is_fetched_when_the_backward_reaches_a_layer_ab
         assert all(torch.equal(a, b) for a, b in zip(grads(off), ref))
     assert off.stats.fetched_on_demand == 0 and off.stats.tensors > 0
     assert fetched_before_backward == [False, False]  # fetched by the backward's hook, not in the forward
+    assert freed_by_the_bottom == [True, True]
 
 
 def test_a_new_forward_pass_starts_a_new_chain():

@@ -186,7 +186,11 @@ class ActivationOffloader:
             call = self._last() if self._last is not None else None
             if call is None or call.index != top or not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return None
-            output.register_hook(lambda grad: call.fetch())
+            # a weak reference: the output lives until the whole backward ends, and a call held that long
+            # would hold its device copies and, through ``below``, every offloaded layer's (+12 GiB of
+            # peak on the 7B LoRA with 12 offloaded layers, measured on an H200 before this was weak)
+            ref = weakref.ref(call)
+            output.register_hook(lambda grad: _fetch_if_alive(ref))
             return None
 
         return hook
@@ -225,6 +229,12 @@ class ActivationOffloader:
             self.stats.bytes += storage.nbytes()
         self.stats.tensors += 1
         return _Saved(call, key, t)
+
+
+def _fetch_if_alive(ref: weakref.ref[_LayerCall]) -> None:
+    call = ref()
+    if call is not None:
+        call.fetch()
 
 
 def _unpack(packed):
