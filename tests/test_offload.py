@@ -185,8 +185,7 @@ def _plan_spec(*overrides: str):
 
 
 def test_planner_offloaded_layer_costs_host_memory_not_recompute_time():
-    from trainperf.plan.costs import (GIB, PINNED_ROUNDING, activation_bytes_per_token_layer, estimate,
-                                      layers_above_top_offloaded)
+    from trainperf.plan.costs import GIB, PINNED_ROUNDING, activation_bytes_per_token_layer, estimate
     from trainperf.plan.hardware import PRESETS
 
     gpu = PRESETS["h200"]
@@ -200,17 +199,39 @@ def test_planner_offloaded_layer_costs_host_memory_not_recompute_time():
     assert traded.memory["activations"] < recomputed.memory["activations"]  # a full layer keeps its input
     # spread among recomputed layers, the copies hide -- the top one's too: its copy is issued from the
     # two (recomputed) layers above it; 30 offloaded back to back they do not (PCIe)
-    assert layers_above_top_offloaded(traded_spec) == (2, 2)
     assert traded.time["offload_exposed"] == 0
     packed = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=0", "train.offload_layers=30"), gpu, 2)
     assert packed.time["offload_exposed"] > 1.0
-    # every layer offloaded: nothing above the top one, whose copy back waits in full
-    assert layers_above_top_offloaded(_plan_spec("train.recompute=none", "train.offload_layers=80")) == (0, 0)
     assert 30 * layer_set / GIB > 45  # 70B: ~1.8 GiB per layer per sequence
     # two GPUs of a node share their PCIe switch's uplink (HGX): one GPU alone copies twice as fast
     alone = estimate(_plan_spec("train.recompute=full", "train.recompute_layers=0", "train.offload_layers=30",
                                 "parallel.dp_shard=1"), gpu, 1)
     assert alone.time["offload_exposed"] < 0.6 * packed.time["offload_exposed"]
+
+
+def test_offload_timeline_hides_copies_under_the_layers_above_and_queues_them_on_a_slow_link():
+    """costs.offload_stall on hand-timed layers (forward 1 s each, backward 2 s): the top offloaded
+    layer's copy back is issued two layers above it, but cannot start before its own copy out ends."""
+    from trainperf.plan.costs import offload_stall
+
+    bwd = {"offload": 2.0, "none": 2.0, "full": 3.0}
+    # copy out of layer 0: 1 -> 4, still running when the backward begins at 3 (one set queued);
+    # back: 4 -> 7 while layers 2 and 1 run their backward (3 -> 7): hidden
+    assert offload_stall(["offload", "none", "none"], 3.0, 1.0, bwd) == (0.0, 1)
+    assert offload_stall(["offload", "none", "none"], 2.0, 1.0, bwd) == (0.0, 0)  # out 1 -> 3
+    # a slower link: the copy out ends at 5, the copy back at 9, layer 0's backward waits 2 s; one copy
+    # out was still queued when the backward began (t = 3)
+    assert offload_stall(["offload", "none", "none"], 4.0, 1.0, bwd) == (2.0, 1)
+    # nothing above the top offloaded layer: its copy back is fetched on demand, after its copy out
+    # (ends at 6): the backward waits 3 s for the copy out and 3 s for the copy back
+    assert offload_stall(["none", "none", "offload"], 3.0, 1.0, bwd) == (6.0, 1)
+    # two offloaded layers with a recomputed layer between: the lower one's copy back runs under the
+    # backward of the upper one and of the recomputed layer (2 + 3 s >= 2.5 s): hidden; back to back
+    # (nothing between), the upper one waits 0.5 s for its copy out (3.5 -> 6, back 6 -> 8.5, needed
+    # at 8) and the lower one 0.5 s beyond the upper one's backward (back 8.5 -> 11, needed at 10.5)
+    assert offload_stall(["offload", "full", "offload", "none", "none"], 2.5, 1.0, bwd)[0] == 0.0
+    assert offload_stall(["offload", "offload", "none", "none"], 2.5, 1.0, bwd)[0] == pytest.approx(1.0)
+    assert offload_stall([], 3.0, 1.0, bwd) == (0.0, 0) and offload_stall(["none"], 3.0, 1.0, bwd) == (0.0, 0)
 
 
 def test_plan_trades_recompute_for_offload_only_where_host_memory_allows():

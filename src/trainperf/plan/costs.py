@@ -278,29 +278,19 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     t_recompute = share * t_recompute + others_share * (t_selective if others == "selective" else 0.0)
     t_offload = 0.0
     if off_share > 0:  # PCIe copies on side streams, hidden unless they outlast the compute beside them
-        off_layers = off_share * L_rank
         # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
         # node copies at the same points of the step)
         copy = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
         fwd_layer = (t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3) / L_rank
         bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
-        # out: queued behind each other, under the rest of the forward and the backward of the layers above
-        t_out = max(0.0, off_layers * copy - (L_rank * fwd_layer + (L_rank - off_layers) * bwd_layer))
-        # back: each offloaded layer has the backward of the offloaded layer above it and of the
-        # recomputed layers between them (spread evenly: layer_memory_modes), recomputation included,
-        # to come back in; the top one the backward of the OFFLOAD_PREFETCH_DEPTH layers above it (its
-        # copy is issued from there). Prefetching deeper absorbs jitter but not a link slower than
-        # that: the copies queue on one link, so each layer waits for whatever its copy takes beyond it
-        between = share * L_rank / off_layers
-        rec_layer = fwd_layer if tr.recompute == "full" else t_selective / L_rank
-        per_offloaded = bwd_layer + between * (bwd_layer + rec_layer)
-        above, above_recomputed = layers_above_top_offloaded(spec)
-        top_cover = above * bwd_layer + above_recomputed * rec_layer
-        t_offload = t_out + max(0.0, copy - top_cover) + (off_layers - 1) * max(0.0, copy - per_offloaded)
+        rec_s = {"full": fwd_layer, "selective": t_selective / L_rank}  # recomputation before a backward
+        modes = stage_layer_modes(spec)
+        stall, queued_out = offload_stall(modes, copy, fwd_layer, {m: bwd_layer + rec_s.get(m, 0.0) for m in set(modes)})
+        t_offload = stall
         # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
         # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
         # what is counted is the copies out still queued at that point, at least one set
-        est.memory["offload_in_flight"] = max(1.0, math.ceil(t_out / copy) + 1.0 if t_out > 0 else 1.0) * layer_set
+        est.memory["offload_in_flight"] = (queued_out + 1.0) * layer_set
     t_tp = 0.0
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
@@ -392,15 +382,56 @@ def recomputed_share(spec: RunSpec) -> float:
     return (rest if k < 0 else min(k, rest)) / per_stage
 
 
-def layers_above_top_offloaded(spec: RunSpec) -> tuple[int, int]:
-    """How many layers, up to OFFLOAD_PREFETCH_DEPTH, run their backward between the one that issues
-    the highest offloaded layer's copy back and that layer, and how many of those are recomputed."""
+def stage_layer_modes(spec: RunSpec) -> list[str]:
+    """What each decoder layer of a stage does with its activations (specs.layer_memory_modes)."""
     tr = spec.train
-    modes = layer_memory_modes(layers_per_stage(spec), tr.recompute, tr.recompute_layers, tr.recompute_others,
-                               tr.offload_layers)
-    top = max(i for i, mode in enumerate(modes) if mode == "offload")
-    window = modes[top + 1:top + 1 + OFFLOAD_PREFETCH_DEPTH]
-    return len(window), sum(mode == "full" for mode in window)
+    return layer_memory_modes(layers_per_stage(spec), tr.recompute, tr.recompute_layers, tr.recompute_others,
+                              tr.offload_layers)
+
+
+def offload_stall(modes: list[str], copy: float, fwd_layer: float, bwd: dict[str, float]) -> tuple[float, int]:
+    """One micro-batch of one stage with activation offload, as parallel/offload.py schedules it:
+    (seconds the backward waits for copies back, copies out still queued when the backward starts).
+
+    Copies out queue on the link in forward order, each from the end of its layer's forward. The
+    highest offloaded layer's copy back is issued when the backward reaches the layer
+    OFFLOAD_PREFETCH_DEPTH above it; each offloaded layer's first unpack issues those of the
+    PREFETCH_DEPTH offloaded layers below it. A copy back starts once the link back is free, it has
+    been issued and its own copy out is done; a layer's backward waits for its copy back. ``bwd`` maps
+    a mode to its layer's backward, recomputation included. A link slower than the compute beside it
+    shows as queued copies: the top layer's copy back waits for every copy out, the ones below queue
+    behind each other."""
+    offloaded = [i for i, mode in enumerate(modes) if mode == "offload"]
+    if not offloaded:
+        return 0.0, 0
+    out_done, link = {}, 0.0
+    for i in offloaded:
+        link = max(link, (i + 1) * fwd_layer) + copy
+        out_done[i] = link
+    fwd_end = len(modes) * fwd_layer
+    top = offloaded[-1]
+    ahead = min(top + OFFLOAD_PREFETCH_DEPTH, len(modes) - 1)  # the layer whose hook issues top's copy
+    ready, back_link, t = {}, 0.0, fwd_end
+
+    def fetch(j: int, at: float) -> None:
+        nonlocal back_link
+        if j not in ready:
+            back_link = max(back_link, at, out_done[j]) + copy
+            ready[j] = back_link
+
+    for i in range(len(modes) - 1, -1, -1):
+        if i == ahead and ahead > top:
+            fetch(top, t)
+        if modes[i] == "offload":
+            fetch(i, t)  # on demand unless already issued
+            t = max(t, ready[i])
+            below = [j for j in offloaded if j < i][-OFFLOAD_PREFETCH_DEPTH:]
+            for j in reversed(below):
+                fetch(j, t)
+        t += bwd[modes[i]]
+    ideal = fwd_end + sum(bwd[mode] for mode in modes)
+    queued = sum(1 for i in offloaded if out_done[i] > fwd_end)
+    return max(0.0, t - ideal), queued
 
 
 def offloaded_share(spec: RunSpec) -> float:
