@@ -113,6 +113,37 @@ def run_side(fn, **kwargs) -> dict:
         torch.cuda.empty_cache()
 
 
+def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_label: str, json_path: str | None,
+                 meta: dict) -> dict:
+    """Run each (name, fn, kwargs) side in turn in this process, print its tokens/s, model TFLOP/s,
+    MFU and peak memory (or that it does not fit), the ratio of the first to the second, and append
+    everything as one JSON line to ``json_path``."""
+    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
+    results = {}
+    for name, fn, kwargs in sides:
+        r = run_side(fn, **kwargs)
+        r["recompute"] = kwargs["recompute"]
+        results[name] = r
+        label = f"{name:10s} {shape} seq {seq} recompute {kwargs['recompute']}:"
+        if "oom" in r:
+            print(f"{label} does not fit this GPU ({r['oom']})", flush=True)
+            continue
+        tps = seq / r["step_s"]
+        r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
+        print(f"{label} {tps:,.0f} tokens/s, {r['model_tflops']:.0f} model TFLOP/s, "
+              f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB", flush=True)
+    names = [name for name, _, _ in sides]
+    if len(names) == 2 and all("tokens_per_s" in results[n] for n in names):
+        results["ratio"] = results[names[0]]["tokens_per_s"] / results[names[1]]["tokens_per_s"]
+        print(f"ratio {ratio_label}: {results['ratio']:.2f}x")
+    results.update(meta, gpu=torch.cuda.get_device_name(), torch=torch.__version__, flops_per_token=flops_tok,
+                   date=time.strftime("%Y-%m-%d"))
+    if json_path:
+        with open(json_path, "a") as fh:
+            fh.write(json.dumps(results) + "\n")
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="7b")
@@ -133,32 +164,12 @@ def main() -> int:
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
-    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
-    results = {}
     runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
-    for name, fn in runs:
-        r = run_side(fn, model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
-                     warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
-        results[name] = r
-        if "oom" in r:
-            print(f"{name:10s} {args.shape} seq {args.seq} recompute {args.recompute}: does not fit this GPU ({r['oom']})",
-                  flush=True)
-            continue
-        tps = args.seq / r["step_s"]
-        r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
-        print(f"{name:10s} {args.shape} seq {args.seq} recompute {args.recompute}: {tps:,.0f} tokens/s, "
-              f"{r['model_tflops']:.0f} model TFLOP/s, MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB",
-              flush=True)
-    if all("tokens_per_s" in results.get(k, {}) for k in ("trainperf", "hf_peft")):
-        ratio = results["trainperf"]["tokens_per_s"] / results["hf_peft"]["tokens_per_s"]
-        results["ratio"] = ratio
-        print(f"ratio trainperf / HF+PEFT: {ratio:.2f}x")
-    results.update(shape=args.shape, seq=args.seq, recompute=args.recompute, gpu=torch.cuda.get_device_name(),
-                   torch=torch.__version__, flops_per_token=flops_tok, date=time.strftime("%Y-%m-%d"))
-    results["args"] = vars(args)
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(results) + "\n")
+    common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
+                  warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
+    side_by_side([(name, fn, common) for name, fn in runs], shape=args.shape, seq=args.seq, flops_tok=flops_tok,
+                 ratio_label="trainperf / HF+PEFT", json_path=args.json,
+                 meta=dict(shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0
 
 

@@ -23,14 +23,12 @@ activation (none), and the JSON says so.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import time
 
 import torch
 
-from lora_throughput import SHAPES, run_side, time_steps
+from lora_throughput import SHAPES, side_by_side, time_steps
 from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec, resolve_spec
 from trainperf.train import metrics
 from trainperf.train.loss import train_loss_sum
@@ -119,33 +117,13 @@ def main() -> int:
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, LoRASpec(rank=0), args.seq)
-    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
-    baseline_recompute = "full" if args.recompute == "full" else "none"
-    sides = [("trainperf", bench_trainperf, args.recompute)]
-    if not args.no_baseline:
-        sides.append(("eager", bench_eager_baseline, baseline_recompute))
-    results = {}
-    for name, fn, recompute in sides:
-        r = run_side(fn, model_spec=model_spec, seq=args.seq, recompute=recompute, steps=args.steps,
-                     warmup=args.warmup, compile_layers=args.compile, overrides=args.overrides)
-        r["recompute"] = recompute
-        results[name] = r
-        label = f"{name:10s} {args.shape} seq {args.seq} recompute {recompute}:"
-        if "oom" in r:
-            print(f"{label} does not fit this GPU ({r['oom']})", flush=True)
-            continue
-        tps = args.seq / r["step_s"]
-        r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
-        print(f"{label} {tps:,.0f} tokens/s, {r['model_tflops']:.0f} model TFLOP/s, "
-              f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB", flush=True)
-    if all("tokens_per_s" in results.get(k, {}) for k in ("trainperf", "eager")):
-        results["ratio"] = results["trainperf"]["tokens_per_s"] / results["eager"]["tokens_per_s"]
-        print(f"ratio trainperf / eager baseline: {results['ratio']:.2f}x")
-    results.update(shape=args.shape, seq=args.seq, recompute=args.recompute, gpu=torch.cuda.get_device_name(),
-                   torch=torch.__version__, flops_per_token=flops_tok, date=time.strftime("%Y-%m-%d"), args=vars(args))
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(results) + "\n")
+    common = dict(model_spec=model_spec, seq=args.seq, steps=args.steps, warmup=args.warmup,
+                  compile_layers=args.compile, overrides=args.overrides)
+    sides = [("trainperf", bench_trainperf, dict(common, recompute=args.recompute))]
+    if not args.no_baseline:  # HF has no selective recompute: against it the baseline keeps everything
+        sides.append(("eager", bench_eager_baseline, dict(common, recompute="full" if args.recompute == "full" else "none")))
+    side_by_side(sides, shape=args.shape, seq=args.seq, flops_tok=flops_tok, ratio_label="trainperf / eager baseline",
+                 json_path=args.json, meta=dict(shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0
 
 

@@ -58,3 +58,25 @@ def test_each_gpu_cell_gets_its_own_share_of_the_cores():
     assert all(share <= cores and share for share in shares)
     if len(cores) >= 2:
         assert not shares[0] & shares[1]  # disjoint: one cell's compile cannot slow the other's timing
+
+
+def test_side_by_side_reports_both_sides_their_ratio_and_one_json_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    out = tmp_path / "r.jsonl"
+    sides = [("trainperf", lambda **kw: {"step_s": 0.5, "peak_gib": 50.0}, {"recompute": "none"}),
+             ("hf_peft", lambda **kw: {"step_s": 0.8, "peak_gib": 68.0}, {"recompute": "none"})]
+    r = lora_throughput.side_by_side(sides, shape="7b", seq=8192, flops_tok=1e9, ratio_label="a / b",
+                                     json_path=str(out), meta={"shape": "7b", "seq": 8192, "recompute": "none"})
+    assert r["ratio"] == pytest.approx(0.8 / 0.5)
+    assert r["trainperf"]["tokens_per_s"] == pytest.approx(8192 / 0.5)
+    assert r["trainperf"]["mfu"] == pytest.approx(1e9 * 8192 / 0.5 / 989e12)
+    assert "ratio a / b: 1.60x" in capsys.readouterr().out
+    assert json.loads(out.read_text())["hf_peft"]["peak_gib"] == 68.0
+    # the second side out of memory: reported, no ratio, still one more line in the file
+    sides[1] = ("hf_peft", lambda **kw: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory.")),
+                {"recompute": "full"})
+    r = lora_throughput.side_by_side(sides, shape="7b", seq=8192, flops_tok=1e9, ratio_label="a / b",
+                                     json_path=str(out), meta={})
+    assert "ratio" not in r and r["hf_peft"] == {"oom": "CUDA out of memory.", "recompute": "full"}
+    assert "does not fit this GPU" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 2
