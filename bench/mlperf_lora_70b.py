@@ -60,6 +60,7 @@ def main() -> int:
               "mfu": s["mfu"], "peak_mem_gib": s["peak_mem_gib"], "eval_pass_s": evals,
               "activation_offload_gib_per_step": s.get("activation_offload_gib_per_step"),
               "peak_reserved_gib": s.get("peak_reserved_gib"), "cuda_alloc_retries": s.get("cuda_alloc_retries"),
+              "cuda_alloc_conf": s.get("cuda_alloc_conf"),
               "pinned_host_gib": s.get("pinned_host_gib"),
               "nvidia_8xh200_samples_per_s_per_gpu": nvidia_per_gpu, "ratio_to_nvidia_per_gpu": per_gpu / nvidia_per_gpu,
               "predicted": s.get("predicted"), "status": s["status"], "run_id": s["run_id"]}

@@ -7,6 +7,7 @@ and docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 
@@ -236,3 +237,21 @@ def test_preflight_measures_the_host_link_alone_and_together(tmp_path):
     assert all(10 < r["gbps"] < 80 for r in rows), rows  # PCIe Gen4/Gen5 x16, pinned
     ov = res["measured_overrides"]
     assert ov["pcie_gbps"] > 10 and 1 <= ov["host_link_gpus"] <= n
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_expandable_segments_reach_the_workers_and_train_alike(tmp_path, nproc):
+    """hardware.expandable_segments: the allocator setting is what ran (the summary reads it back in
+    the worker), in-process and under torchrun, and the losses match the default allocator's."""
+    if gpus() < nproc:
+        pytest.skip(f"needs {nproc} GPUs")
+    extra = ["--nproc-per-node", str(nproc)] + THREE_STEPS
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    out_ref, ref = run(ref_dir, "run", "mini-pretrain", *extra)
+    out, s = run(tmp_path, "run", "mini-pretrain", *extra, "--set", "hardware.expandable_segments=true")
+    assert out.returncode == out_ref.returncode, out.stderr[-3000:]
+    assert "expandable_segments:True" in (s.get("cuda_alloc_conf") or "")
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        assert ref.get("cuda_alloc_conf") is None
+    assert s["losses"] and s["losses"] == pytest.approx(ref["losses"], abs=1e-5)

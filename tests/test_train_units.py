@@ -5,6 +5,7 @@ sampler's layout invariance, the FLOP/MFU accounting and the Markov source's opt
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -490,3 +491,18 @@ def test_step_clock_on_gpu_reads_events_without_a_sync_per_step():
     assert clock.completed() <= 3  # asked without waiting
     t = clock.times()
     assert len(t) == 3 and all(x > 0 for x in t)
+
+
+def test_expandable_segments_joins_the_allocator_settings_the_environment_already_has(monkeypatch):
+    from trainperf.specs import RunSpec
+    from trainperf.train.loop import apply_cuda_alloc_conf, cuda_alloc_conf
+
+    spec = RunSpec(workload="x")
+    assert cuda_alloc_conf(spec, None) is None and cuda_alloc_conf(spec, "max_split_size_mb:512") == "max_split_size_mb:512"
+    spec.hardware.expandable_segments = True
+    assert cuda_alloc_conf(spec, None) == "expandable_segments:True"
+    assert cuda_alloc_conf(spec, "max_split_size_mb:512") == "max_split_size_mb:512,expandable_segments:True"
+    assert cuda_alloc_conf(spec, "expandable_segments:False") == "expandable_segments:False"  # the user's word wins
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    apply_cuda_alloc_conf(spec)  # what the launcher does before torchrun starts the workers
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

@@ -446,7 +446,7 @@ def cmd_report(args) -> int:
 
 SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
                 "final_eval_loss", "target", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
-                "peak_mem_gib", "peak_reserved_gib", "cuda_alloc_retries", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
+                "peak_mem_gib", "peak_reserved_gib", "cuda_alloc_retries", "cuda_alloc_conf", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
                 "placement", "world_size", "mllog", "out_dir", "adapter", "seed", "predicted")
 
 

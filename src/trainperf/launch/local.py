@@ -139,8 +139,9 @@ def git_sha() -> str | None:
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     from trainperf.store.db import Store
-    from trainperf.train.loop import RunContext, train
+    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, train
 
+    apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
     run_dir = Path(out_root) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -230,8 +231,9 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
     import torch.distributed as dist
 
-    from trainperf.train.loop import RunContext, init_distributed, pick_device, train
+    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, init_distributed, pick_device, train
 
+    apply_cuda_alloc_conf(spec)
     init_distributed(pick_device(spec))
     box = [new_run_id(spec.workload), spec.train.seed] if dist.get_rank() == 0 else [None, None]
     dist.broadcast_object_list(box, src=0)

@@ -474,6 +474,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
         "peak_reserved_gib": float(reserved[0]) if device_type == "cuda" else None,
         "cuda_alloc_retries": int(reserved[1]) if device_type == "cuda" else None,
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device_type == "cuda" else None,
         # pinned host memory this rank's caching host allocator held at its peak (train.offload_layers)
         "pinned_host_gib": _pinned_host_gib() if device_type == "cuda" else None,
         "checkpoint_load_s": engine.load_s,
@@ -577,6 +578,27 @@ def evaluate(engine, split, batches, device) -> float:
     dist.all_reduce(acc)
     engine.train(True)
     return float(acc[0] / acc[1])
+
+
+def cuda_alloc_conf(spec: RunSpec, current: str | None) -> str | None:
+    """PYTORCH_CUDA_ALLOC_CONF for this run's workers: hardware.expandable_segments added to what the
+    environment already sets, unless that names expandable_segments itself (the user's word wins)."""
+    if not spec.hardware.expandable_segments or (current and "expandable_segments" in current):
+        return current
+    return f"{current},expandable_segments:True" if current else "expandable_segments:True"
+
+
+def apply_cuda_alloc_conf(spec: RunSpec) -> None:
+    """Set this process's (and its children's) PYTORCH_CUDA_ALLOC_CONF from the spec. The caching
+    allocator reads it when CUDA starts; where CUDA has already started, the setting is applied to it
+    directly (torch's allocator-settings hook), so the run summary's ``cuda_alloc_conf`` is what ran."""
+    current = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    conf = cuda_alloc_conf(spec, current)
+    if not conf or conf == current:
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
 
 
 def worker_main(argv: list[str] | None = None) -> int:
