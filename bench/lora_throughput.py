@@ -103,11 +103,18 @@ def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: st
 
 
 def run_side(fn, **kwargs) -> dict:
-    """One side's figures, or {"oom": first line of the error} when it does not fit: the other side still runs."""
+    """One side's figures, or {"oom": first line of the error} when it does not fit: the other side still
+    runs. Out of memory also arrives wrapped (a compiler error around it, cuBLAS failing to allocate)."""
     try:
         return fn(**kwargs)
     except torch.OutOfMemoryError as exc:
         return {"oom": str(exc).splitlines()[0]}
+    except RuntimeError as exc:
+        text = str(exc)
+        if "out of memory" not in text.lower() and "CUBLAS_STATUS_ALLOC_FAILED" not in text:
+            raise
+        return {"oom": next((line.strip() for line in text.splitlines() if "memory" in line.lower()
+                             or "ALLOC_FAILED" in line), text.splitlines()[0])}
     finally:
         gc.collect()
         torch.cuda.empty_cache()
@@ -169,7 +176,7 @@ def main() -> int:
                   warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
     side_by_side([(name, fn, common) for name, fn in runs], shape=args.shape, seq=args.seq, flops_tok=flops_tok,
                  ratio_label="trainperf / HF+PEFT", json_path=args.json,
-                 meta=dict(shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
+                 meta=dict(bench="lora", shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0
 
 

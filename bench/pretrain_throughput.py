@@ -123,7 +123,8 @@ def main() -> int:
     if not args.no_baseline:  # HF has no selective recompute: against it the baseline keeps everything
         sides.append(("eager", bench_eager_baseline, dict(common, recompute="full" if args.recompute == "full" else "none")))
     side_by_side(sides, shape=args.shape, seq=args.seq, flops_tok=flops_tok, ratio_label="trainperf / eager baseline",
-                 json_path=args.json, meta=dict(shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
+                 json_path=args.json,
+                 meta=dict(bench="pretrain", shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0
 
 

@@ -18,8 +18,10 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,18 +60,24 @@ def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], dead
                    "--json", str(out), *extra]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
             cores = cpu_share(gpus.index(gpu), len(gpus))
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores))
-            running[gpu] = (proc, (shape, seq, recompute), time.monotonic() + min(cell_timeout_s, left))
+            # the cell's output goes to a file (a pipe read only at the end would block a chatty cell), in
+            # a session of its own so that a kill takes its compile workers too
+            log = tempfile.TemporaryFile(mode="w+")
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True, preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores))
+            running[gpu] = (proc, log, (shape, seq, recompute), time.monotonic() + min(cell_timeout_s, left))
         time.sleep(1)
-        for gpu, (proc, cell, until) in list(running.items()):
+        for gpu, (proc, log, cell, until) in list(running.items()):
             if proc.poll() is None and time.monotonic() < until:
                 continue
             killed = proc.poll() is None
             if killed:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 missed.append(f"{cell[0]} seq {cell[1]} recompute {cell[2]}: killed after its time share")
-            text = proc.communicate()[0]
+            proc.wait()
+            log.seek(0)
+            text = log.read()
+            log.close()
             print(f"--- {kind} {cell} on GPU {gpu}, rc={proc.returncode}, t={time.monotonic() - t0:.0f}s", flush=True)
             print("\n".join(line for line in text.splitlines()  # the scripts' result lines and any error
                             if line.startswith(("trainperf ", "hf_peft ", "eager ", "ratio ")) or "Error" in line),
@@ -91,9 +99,9 @@ def table(paths: list[str]) -> str:
     rows = ["| bench | shape | seq | recompute (ours / baseline) | trainperf tok/s / MFU / GiB | baseline tok/s / MFU / GiB | ratio |",
             "|---|---|---:|---|---:|---:|---:|"]
     results = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
-    results.sort(key=lambda r: ("eager" in r, SIZE_ORDER.get(r["shape"], 3) * -1, r["seq"], r["recompute"]))
+    results.sort(key=lambda r: (r.get("bench", "pretrain" if "eager" in r else "lora") == "pretrain", SIZE_ORDER.get(r["shape"], 3) * -1, r["seq"], r["recompute"]))
     for r in results:
-        kind = "pretrain" if "eager" in r else "lora"
+        kind = r.get("bench") or ("pretrain" if "eager" in r else "lora")
         base = r.get(BASELINE[kind], {})
         ours = r["trainperf"]
         recompute = f"{ours.get('recompute', r['recompute'])} / {base.get('recompute', r['recompute'])}" if base else r["recompute"]

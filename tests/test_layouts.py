@@ -163,14 +163,16 @@ def test_activation_checkpointing_changes_nothing(tmp_path, references, recomput
     assert_same_training(run, references("mini-lora"))
 
 
-def test_activation_offload_under_1f1b_pipelining(tmp_path, references):
-    """Four layers, two per stage, both offloaded, under 1F1B: a stage runs several micro-batches'
-    forwards before their backwards, so each pass keeps its own chain of offloaded layers (the copies
-    back of the layer below are issued from the one above); training matches one process. (mini-lora's
-    base checkpoint fixes two layers: the pretraining workload takes four.)"""
+@pytest.mark.parametrize("offload", [2, 1])
+def test_activation_offload_under_1f1b_pipelining(tmp_path, references, offload):
+    """Four layers, two per stage, under 1F1B: a stage runs several micro-batches' forwards before their
+    backwards, so each pass keeps its own chain of offloaded layers (the copies back of the layer below
+    are issued from the one above). Both of a stage's layers offloaded: the chain alone; one: the stage's
+    top layer's hook issues it. Training matches one process. (mini-lora's base checkpoint fixes two
+    layers: the pretraining workload takes four.)"""
     four = ("model.num_layers=4",)
     run = run_three_steps(tmp_path, "mini-pretrain", 2, ["parallel.pp=2", "parallel.pp_schedule=1F1B",
-                                                     "parallel.dp_shard=1", "train.offload_layers=2", *four])
+                                                     "parallel.dp_shard=1", f"train.offload_layers={offload}", *four])
     summary = json.loads((Path(run["out_dir"]) / "summary.json").read_text())
     assert summary["activation_offload_gib_per_step"] > 0
     assert_same_training(run, references("mini-pretrain", four))

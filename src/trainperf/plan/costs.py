@@ -285,8 +285,9 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
         rec_s = {"full": fwd_layer, "selective": t_selective / L_rank}  # recomputation before a backward
         modes = stage_layer_modes(spec)
-        stall, queued_out = offload_stall(modes, copy, fwd_layer, {m: bwd_layer + rec_s.get(m, 0.0) for m in set(modes)})
-        t_offload = stall
+        stall, queued_out = offload_stall(modes, copy, fwd_layer,
+                                          {mode: bwd_layer + rec_s.get(mode, 0.0) for mode in set(modes)})
+        t_offload = stall * v  # the timeline is one stage's; an interleaved rank holds v of them
         # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
         # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
         # what is counted is the copies out still queued at that point, at least one set
@@ -411,7 +412,7 @@ def offload_stall(modes: list[str], copy: float, fwd_layer: float, bwd: dict[str
     fwd_end = len(modes) * fwd_layer
     top = offloaded[-1]
     ahead = min(top + OFFLOAD_PREFETCH_DEPTH, len(modes) - 1)  # the layer whose hook issues top's copy
-    ready, back_link, t = {}, 0.0, fwd_end
+    ready, back_link, t, waited = {}, 0.0, fwd_end, 0.0
 
     def fetch(j: int, at: float) -> None:
         nonlocal back_link
@@ -424,14 +425,14 @@ def offload_stall(modes: list[str], copy: float, fwd_layer: float, bwd: dict[str
             fetch(top, t)
         if modes[i] == "offload":
             fetch(i, t)  # on demand unless already issued
+            waited += max(0.0, ready[i] - t)
             t = max(t, ready[i])
             below = [j for j in offloaded if j < i][-OFFLOAD_PREFETCH_DEPTH:]
             for j in reversed(below):
                 fetch(j, t)
         t += bwd[modes[i]]
-    ideal = fwd_end + sum(bwd[mode] for mode in modes)
     queued = sum(1 for i in offloaded if out_done[i] > fwd_end)
-    return max(0.0, t - ideal), queued
+    return waited, queued  # summed waits, not t minus the ideal: a hidden copy is exactly 0
 
 
 def offloaded_share(spec: RunSpec) -> float:
