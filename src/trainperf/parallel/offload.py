@@ -23,10 +23,11 @@ How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
   those of the PREFETCH_DEPTH offloaded layers below it, on another side stream, so their copies run
   under this layer's backward and the next ones'; the compute stream waits only for the layer it
   needs. The highest offloaded layer's copy back is issued PREFETCH_DEPTH layers above it, when the
-  backward reaches that layer's output (``fetch_top_ahead``). The link bounds it all: on one H200 a 7B-shape layer's set (1.08 GiB per 8192-token
-  sequence) takes 20 ms each way at 55 GB/s against 11 ms of that layer's backward, so offloading
-  layers that would otherwise keep their activations only costs time; it pays where it replaces
-  recomputation (docs/PERFORMANCE.md, eighth session).
+  backward reaches that layer's output (``fetch_top_ahead``). The link bounds it all: on one H200 a
+  7B-shape layer's set (1.08 GiB per 8192-token sequence) takes 20 ms each way at 55 GB/s against
+  11 ms of that layer's backward, so offloading layers that would otherwise keep their activations
+  only costs time; it pays where it replaces recomputation (docs/PERFORMANCE.md, eighth and ninth
+  sessions).
 
 Off CUDA (the CPU tests) the same bookkeeping copies into separate host tensors with no streams."""
 

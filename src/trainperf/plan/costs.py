@@ -13,7 +13,6 @@ full recompute, all within 5% (docs/PLANNER.md).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from trainperf.plan.hardware import GPU
