@@ -43,6 +43,13 @@ def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
     return times
 
 
+def step_figures(step_fn, steps: int, warmup: int) -> dict:
+    """Median step time over ``steps`` after ``warmup``, and the peak memory allocated meanwhile."""
+    torch.cuda.reset_peak_memory_stats()
+    times = time_steps(step_fn, steps, warmup)
+    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
 def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, warmup: int) -> dict:
     """Median step time and peak memory of forward/backward/clip/AdamW on one random sequence."""
     opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
@@ -56,9 +63,7 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    torch.cuda.reset_peak_memory_stats()
-    times = time_steps(step, steps, warmup)
-    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return step_figures(step, steps, warmup)
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,

@@ -23,23 +23,16 @@ activation (none), and the JSON says so.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
 
-from lora_throughput import SHAPES, side_by_side, time_steps
+from lora_throughput import SHAPES, side_by_side, step_figures
 from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec, resolve_spec
 from trainperf.train import metrics
 from trainperf.train.loss import train_loss_sum
 
 MAX_GRAD_NORM = 1.0
-
-
-def _timed(step, steps: int, warmup: int) -> dict:
-    torch.cuda.reset_peak_memory_stats()
-    times = time_steps(step, steps, warmup)
-    return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int,
@@ -66,7 +59,7 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _timed(step, steps, warmup)
+    return step_figures(step, steps, warmup)
 
 
 def bench_eager_baseline(model_spec: ModelSpec, seq: int, recompute: str, steps: int, warmup: int, **_) -> dict:
@@ -96,7 +89,7 @@ def bench_eager_baseline(model_spec: ModelSpec, seq: int, recompute: str, steps:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return _timed(step, steps, warmup)
+    return step_figures(step, steps, warmup)
 
 
 def main() -> int:
