@@ -5,7 +5,8 @@ keep fp32 master weights, fp32 gradients and fp32 AdamW state (16 bytes per para
 in bf16:
 
 - trainperf: the engine `trainperf run` uses (Engine.train_step: FSDP2 mixed precision, its model,
-  optional per-layer torch.compile and selective recompute), fused AdamW, its gradient clipping;
+  optional per-layer torch.compile and selective recompute), fused AdamW (`--set train.optimizer=adamw8bit`:
+  torchao's 8-bit AdamW on this side only, so the ratio then compares optimizers too), its gradient clipping;
 - baseline: Hugging Face transformers' LlamaForCausalLM in eager mode, SDPA attention, fp32
   parameters under `torch.autocast(bfloat16)`, `torch.optim.AdamW` (foreach), `clip_grad_norm_`,
   gradient checkpointing for full recompute -- the plain recipe most training scripts start from.
@@ -39,7 +40,7 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
                     compile_layers: bool, overrides: list[str]) -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
-    from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
+    from trainperf.train.loop import build_optimizer, clip_gradients, init_distributed, resolve_param_dtype
 
     base = RunSpec(workload="bench", model=model_spec, lora=LoRASpec(rank=0),
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,
@@ -49,7 +50,7 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
     init_distributed("cuda")
     engine = Engine(spec, build_mesh(spec.parallel, "cuda"), torch.device("cuda"), resolve_param_dtype(spec, "cuda"))
     engine.train()
-    opt = torch.optim.AdamW(engine.trainable, lr=1e-4, fused=True)  # what train/loop.py builds
+    opt = build_optimizer(engine.trainable, spec.train)  # what train/loop.py builds (train.optimizer)
     ids = torch.randint(0, model_spec.vocab_size, (1, seq), device="cuda")
     mask = torch.ones_like(ids, dtype=torch.bool)
 

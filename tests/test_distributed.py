@@ -91,6 +91,24 @@ def test_mini_workload_reaches_target_on_two_processes(tmp_path, workload):
         assert c.execute("SELECT count(*) FROM evals WHERE run_id = ?", (s["run_id"],)).fetchone()[0] == len(s["evals"])
 
 
+def test_eight_bit_adamw_trains_fsdp2_shards_to_the_target(tmp_path):
+    """train.optimizer=adamw8bit on FSDP2's DTensor shards (2 processes): the run reaches the target,
+    says which optimizer ran, and its moments take well under fp32 AdamW's 8 B per local parameter
+    (the mini model's small tensors keep fp32 moments, so not the full quarter)."""
+    from trainperf.model.llama import build_on_meta
+    from trainperf.workloads import get_workload
+
+    out = run_cli(tmp_path, "run", "mini-pretrain", "--nproc-per-node", "2", "--json", "--set", "hardware.device=cpu",
+                  "--set", "train.optimizer=adamw8bit")
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    assert s["status"] == "success" and s["final_eval_loss"] <= s["target"]
+    assert s["optimizer"] == "adamw8bit"
+    params = sum(p.numel() for p in build_on_meta(get_workload("mini-pretrain").defaults().model).parameters())
+    fp32_moments_per_rank = 8 * params / 2 / 2**30
+    assert 0.2 * fp32_moments_per_rank < s["optimizer_state_gib"] < 0.6 * fp32_moments_per_rank
+
+
 def test_mllog_event_order(tmp_path):
     """The MLPerf clock: init before run_start; data read only after run_start; one run_stop at the end."""
     out = run_cli(tmp_path, "run", "mini-pretrain", "--json", "--set", "hardware.device=cpu", "--set", "train.seed=3")

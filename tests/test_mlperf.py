@@ -70,7 +70,7 @@ def test_every_fixed_lora_value_is_refused_in_closed(tmp_path, dotted, value, _w
     spec = _closed_lora_spec(tmp_path)
     section, key = dotted.split(".")
     changed = {list: lambda: ["qkv_proj"], bool: lambda: not value, int: lambda: value + 1,
-               float: lambda: value * 2 + 0.05}[type(value)]()
+               float: lambda: value * 2 + 0.05, str: lambda: "adamw8bit"}[type(value)]()
     setattr(getattr(spec, section), key, changed)
     with pytest.raises(SpecError) as err:
         check_closed_rules(spec)
@@ -83,7 +83,7 @@ def test_every_fixed_lora_value_is_refused_in_closed(tmp_path, dotted, value, _w
 def test_every_fixed_pretrain_value_is_refused_in_closed(dotted, value, _why):
     spec = mlperf.llama31_8b_defaults()
     section, key = dotted.split(".")
-    changed = value + 1 if isinstance(value, int) else value * 2 + 0.05
+    changed = "adamw8bit" if isinstance(value, str) else value + 1 if isinstance(value, int) else value * 2 + 0.05
     setattr(getattr(spec, section), key, changed)
     with pytest.raises(SpecError, match=dotted.replace(".", r"\.")):
         check_closed_rules(spec)

@@ -264,6 +264,30 @@ def test_predicted_oom_is_refused_before_launch():
     assert check_memory(seven, PRESETS["h200"], 8).fits  # measured 73.2 GiB on an H200: it fits
 
 
+def test_eight_bit_adamw_is_what_fits_llama3_8b_pretraining_on_one_h200():
+    """The 8B shape's fp32 masters, gradients and AdamW moments (16 B per parameter, 120 GiB) leave no
+    room for seq-8192 activations on one H200; 8-bit moments (~2 B) do, and the refusal says so."""
+    import copy
+
+    from trainperf.plan.costs import OPTIMIZER_STATE_BYTES, check_memory, estimate
+
+    from trainperf.workloads.mlperf import llama31_8b_defaults
+
+    spec = resolve_spec(llama31_8b_defaults(), None, ["mlperf.division=open", "train.global_batch_size=4",
+                                                      "train.recompute=full", "parallel.dp_shard=1"])
+    with pytest.raises(SpecError, match="predicted peak memory") as info:
+        check_memory(spec, PRESETS["h200"], 1)
+    assert "train.optimizer=adamw8bit" in str(info.value) and "\n" not in str(info.value)
+    eight = copy.deepcopy(spec)
+    eight.train.optimizer = "adamw8bit"
+    full, small = estimate(spec, PRESETS["h200"], 1), check_memory(eight, PRESETS["h200"], 1)
+    assert small.fits
+    ratio = small.memory["optimizer_states"] / full.memory["optimizer_states"]
+    assert ratio == pytest.approx(OPTIMIZER_STATE_BYTES["adamw8bit"] / 8.0) and ratio < 0.26
+    assert full.memory["optimizer_states"] / 2**30 == pytest.approx(8.03e9 * 8 / 2**30, rel=0.01)
+    assert small.time["optimizer"] < full.time["optimizer"]  # 16 B of traffic per parameter, not 28
+
+
 def test_layout_from_plan_runs_the_planned_layout(tmp_path):
     db = ["--db", str(tmp_path / "t.db")]
     out = subprocess.run(trainperf_cmd("plan", "mini-pretrain", "--gpus", "2", "--top", "2", "--json", *db),
@@ -433,7 +457,7 @@ def _kept_then_gib(spec, est) -> float:
         per_token = sum(2.0 * (spec.lora.rank + proj[n][1]) for n in spec.lora.target_modules)
         extra += per_token * spec.train.micro_batch_size * spec.data.seq_len * spec.model.num_layers
     mem = est.memory
-    sharded = mem["optimizer_adamw_fp32"] / 2  # 4 B per local trainable parameter
+    sharded = mem["optimizer_states"] / 2  # 4 B per local trainable parameter
     backward = sum(mem.get(k, 0.0) for k in ("grads_fp32", "activations", "recompute_transient", "logits_and_loss"))
     extra += max(0.0, 2 * sharded - backward)
     return extra / 2**30

@@ -182,6 +182,7 @@ def _headroom(args) -> float:
 
 
 def cmd_plan(args) -> int:
+    from trainperf.plan.costs import eight_bit_optimizer_hint
     from trainperf.plan.hardware import load_gpu
     from trainperf.plan.search import explain, plan
     from trainperf.specs import layers_per_stage, resolve_spec
@@ -299,7 +300,8 @@ def cmd_plan(args) -> int:
         console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "
                       f"{usable:.1f} usable of {gpu.hbm_gib:.0f} GiB ({oom[0].set_line})"
                       + (f"; {over} fit only without the {100 * headroom:g}% memory headroom (--memory-headroom 0 "
-                         "ranks them, at the risk of an OOM)" if over else ""))
+                         "ranks them, at the risk of an OOM)" if over else "")
+                      + eight_bit_optimizer_hint(oom[0].spec, gpu, per_node, usable))
         return EXIT_FAILED
     launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
               f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")
@@ -446,7 +448,7 @@ def cmd_report(args) -> int:
 
 SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
                 "final_eval_loss", "target", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
-                "peak_mem_gib", "peak_reserved_gib", "cuda_alloc_retries", "cuda_alloc_conf", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
+                "peak_mem_gib", "peak_reserved_gib", "optimizer", "optimizer_state_gib", "cuda_alloc_retries", "cuda_alloc_conf", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
                 "placement", "world_size", "mllog", "out_dir", "adapter", "seed", "predicted")
 
 

@@ -70,6 +70,10 @@ class ParallelSpec:
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# train.optimizer: adamw = torch.optim.AdamW(fused=True), fp32 states (8 B per trained parameter);
+# adamw8bit = torchao's AdamW8bit, both moments quantised to 8 bits in blocks of 256 with an fp32 scale
+# each (~2 B per parameter): the memory that lets Llama-3-8B pretraining fit one H200
+OPTIMIZERS = ("adamw", "adamw8bit")
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 FP8_RECIPES = ("none", "tensorwise", "rowwise")  # hardware.fp8: torchao float8 recipes
 
@@ -87,6 +91,7 @@ class TrainSpec:
     beta2: float = 0.999
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables clipping
+    optimizer: str = "adamw"  # adamw | adamw8bit (OPTIMIZERS, above; the MLPerf references use adamw)
     max_steps: int = 1000
     recompute: str = "none"
     # with recompute != none: how many decoder layers of each pipeline stage (its first ones) are
@@ -488,6 +493,16 @@ def _validate_fp8(spec: RunSpec) -> None:
                         "without network); it is not installed")
 
 
+def _validate_optimizer(t: TrainSpec) -> None:
+    if t.optimizer not in OPTIMIZERS:
+        raise SpecError(f"train.optimizer={t.optimizer!r}: valid values are {', '.join(OPTIMIZERS)}")
+    import importlib.util
+
+    if t.optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
+        raise SpecError("train.optimizer=adamw8bit needs torchao (pip install torchao, or a wheel on a machine "
+                        "without network); it is not installed")
+
+
 def validate(spec: RunSpec, world_size: int) -> None:
     """Raise SpecError on the first problem; call before any process is launched."""
     resolve_layout(spec, world_size)
@@ -514,6 +529,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if t.recompute not in RECOMPUTE_MODES:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
     _validate_fp8(spec)
+    _validate_optimizer(t)
     if spec.hardware.host_mem_gib < 0:
         raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")
     per_stage = layers_per_stage(spec)

@@ -68,6 +68,47 @@ def lr_at(step: int, t: TrainSpec) -> float:
     return floor + (t.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def build_optimizer(params: list[torch.nn.Parameter], t: TrainSpec) -> torch.optim.Optimizer:
+    """train.optimizer: PyTorch's fused AdamW with fp32 states, or torchao's AdamW8bit (both moments in
+    8 bits, blocks of 256 with an fp32 scale; tensors under 4096 elements keep fp32 moments). The 8-bit
+    step compiles one kernel per parameter shape on its first call; it works on FSDP2's DTensor shards."""
+    kwargs = dict(lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    if t.optimizer == "adamw8bit":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(params, **kwargs)
+    return torch.optim.AdamW(params, fused=True, **kwargs)
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds on this rank: a DTensor's local shard; a wrapper subclass (torchao's 8-bit
+    optimizer state: uint8 codes + fp32 scales) the sum of its inner tensors."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """What the optimizer's state occupies on this rank (moments, step counters)."""
+    return sum(tensor_bytes(v) for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """torchao's optimizers keep the rate as a tensor (a float would recompile their step) and refuse a
+    float in its place: fill it."""
+    for group in opt.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
     """Clip the global gradient norm to max_norm; returns the norm before clipping. Sharded (DTensor)
     gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group."""
@@ -312,8 +353,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     if spec.model.path and log.enabled:
         log.event("checkpoint_load_s", round(engine.load_s, 3), gib=round(engine.load_bytes / 2**30, 3))
     trainable = engine.trainable
-    opt = torch.optim.AdamW(trainable, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps,
-                            weight_decay=t.weight_decay, fused=True)
+    opt = build_optimizer(trainable, t)
     pp_group = mesh["pp"].get_group() if p.pp > 1 else None
     dp_rank = mesh["dp"].get_local_rank()
     untimed_warmup(engine, spec, t.untimed_warmup_steps)
@@ -376,8 +416,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         grad_norm = clip_gradients(trainable, t.grad_clip, pp_group)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, t)
+        set_lr(opt, lr_at(step, t))
         clock.stop()
         samples = step * t.global_batch_size
         ctx.last_step = clock.completed()  # for a hung run's record: finished on the GPU, not just queued
@@ -429,6 +468,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
 
     peak_mem = torch.tensor([_peak_mem_gib(device_type)], dtype=torch.float64, device=device)
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+    opt_state = torch.tensor([optimizer_state_bytes(opt) / 2**30], dtype=torch.float64, device=device)
+    dist.all_reduce(opt_state, op=dist.ReduceOp.MAX)
     # what the caching allocator reserved, and how often it had to free its cache and retry (each
     # retry synchronises the device: a run near its memory limit loses its host/GPU overlap there)
     allocator = torch.cuda.memory_stats() if device_type == "cuda" else {}
@@ -473,6 +514,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "peak_mem_gib": float(peak_mem.item()),
         "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
         "peak_reserved_gib": float(reserved[0]) if device_type == "cuda" else None,
+        "optimizer": t.optimizer,
+        "optimizer_state_gib": float(opt_state.item()),  # the largest rank's, after the last step
         "cuda_alloc_retries": int(reserved[1]) if device_type == "cuda" else None,
         "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device_type == "cuda" else None,
         # pinned host memory this rank's caching host allocator held at its peak (train.offload_layers)

@@ -59,6 +59,7 @@ LORA_FIXED = (
     ("model.fused_qkv", True, "the reference model has a fused qkv_proj"),
     ("train.weight_decay", 1e-4, "opt_weight_decay is fixed to 0.0001"),
     ("train.grad_clip", 0.3, "opt_gradient_clip_norm is fixed to 0.3"),
+    ("train.optimizer", "adamw", "the reference's optimizer is AdamW with full-precision states"),
     ("train.beta1", 0.9, "AdamW betas are the reference's (0.9, 0.999)"),
     ("train.beta2", 0.999, "AdamW betas are the reference's (0.9, 0.999)"),
     ("train.eps", 1e-8, "AdamW epsilon is the reference's (1e-8)"),
@@ -104,6 +105,7 @@ def llama31_8b_defaults() -> RunSpec:
 PRETRAIN_FIXED = (
     ("lora.rank", 0, "pretraining trains every parameter"),
     ("data.seq_len", 8192, "max_sequence_length is fixed to 8192"),
+    ("train.optimizer", "adamw", "the reference's optimizer is AdamW with full-precision states"),
     ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
     ("train.beta2", 0.95, "opt_adamw_beta_2 is fixed to 0.95"),
     ("train.eps", 1e-5, "opt_adamw_epsilon is fixed to 1e-05"),
@@ -212,7 +214,7 @@ def hyperparameter_events(spec: RunSpec) -> list[tuple[str, object]]:
     ]
     if spec.mlperf.benchmark == "llama31_8b":
         events += [
-            ("opt_name", "adamw"),
+            ("opt_name", t.optimizer),
             ("opt_end_learning_rate", t.lr * t.min_lr_ratio),
             ("opt_learning_rate_decay_steps", t.decay_steps or max(t.max_steps - t.warmup_steps, 1)),
             ("opt_learning_rate_decay_schedule", "cosine with linear warmup"),
