@@ -255,3 +255,18 @@ def test_expandable_segments_reach_the_workers_and_train_alike(tmp_path, nproc):
     if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
         assert ref.get("cuda_alloc_conf") is None
     assert s["losses"] and s["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+
+
+def test_eight_bit_adamw_on_gpu_reaches_the_target_as_adamw_does(tmp_path):
+    """train.optimizer=adamw8bit on CUDA (FSDP2 on one GPU, torchao's compiled 8-bit step): mini-pretrain
+    reaches its target, the first step's loss is AdamW's (nothing has stepped yet), and the moments take
+    well under fp32 AdamW's bytes."""
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    out_ref, ref = run(ref_dir, "run", "mini-pretrain")
+    out, s = run(tmp_path, "run", "mini-pretrain", "--set", "train.optimizer=adamw8bit")
+    assert out.returncode == 0 and out_ref.returncode == 0, out.stderr[-3000:]
+    assert s["status"] == ref["status"] == "success" and s["optimizer"] == "adamw8bit"
+    assert s["losses"][0] == pytest.approx(ref["losses"][0], rel=1e-4)
+    assert s["samples_to_target"] <= 2 * ref["samples_to_target"]
+    assert 0.2 * ref["optimizer_state_gib"] < s["optimizer_state_gib"] < 0.6 * ref["optimizer_state_gib"]
