@@ -34,6 +34,11 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw8bit": 2.0 + 2 * 4.0 / 256}
 # one step's HBM traffic per parameter, memory-bound: fused AdamW reads param, grad and both moments and
 # writes param and moments (28 B); AdamW8bit reads 4 + 4 + 2 and writes 4 + 2 (16 B, scales aside)
 OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 16.0}
+# ... and a cost per parameter tensor: torchao calls its compiled step once per tensor (guards, DTensor
+# and state-subclass wrapping in Python each time). Fitted: Llama-3-8B pretraining on one H200, step
+# time at GBS 8 and 32 -> 0.42-0.46 s per step that does not grow with the batch, 291 tensors
+# (docs/PERFORMANCE.md, tenth session); fused AdamW is one multi-tensor launch, taken as free.
+OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.5e-3}
 
 
 @dataclass
@@ -336,7 +341,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         pp_bytes = 2 * mb * v * b * (S / c) * h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
         t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
-    t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * psi_train / (t * d) / (gpu.hbm_tbps * 1e12)
+    t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
+        + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
     est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
     # ---- the host: a step cannot be shorter than the time to issue its ops; when it is longer than
     # the GPU's work, the GPU idles for the difference (the trace shows it as idle time)
@@ -471,6 +477,16 @@ def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:
     """busbw (bytes/s) of a group whose ranks span ``span`` consecutive GPUs: NVLink inside a node,
     the NIC once the group crosses nodes."""
     return (gpu.intra_busbw_gbps if span <= gpus_per_node else gpu.inter_busbw_gbps) * 1e9
+
+
+def trained_tensors(spec: RunSpec) -> int:
+    """Parameter tensors the optimizer steps: two per adapted projection per layer (LoRA's A and B), or
+    every tensor of the model (per layer: two norms, q/k/v or a fused qkv, o, gate, up, down; the
+    embedding, final norm and LM head)."""
+    m, lo = spec.model, spec.lora
+    if lo.enabled:
+        return 2 * len(lo.target_modules) * m.num_layers
+    return m.num_layers * (2 + (1 if m.fused_qkv else 3) + 1 + 3) + 3
 
 
 def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_gib: float) -> str:
