@@ -71,6 +71,18 @@ def test_packaged_h200_table_loads_and_is_the_h200_preset():
     assert table.gemm_flops_per_s(8192, 4096, 4096) > 1.5 * table.gemm_flops_per_s(2048, 1024, 4096)
 
 
+def test_packaged_table_times_64_wide_heads_from_their_own_rows():
+    """The 1B GQA shape (32 heads of 64, 4 KV heads) has cuDNN kernels: its attention is timed from the
+    64-wide rows, not from the nearest-in-log-space 100-wide rows (no fused kernel, half the rate),
+    which over-predicted its seq-8192 pretraining steps by 31-42% (docs/PLANNER.md)."""
+    table = load_table("h200")
+    t64 = table.attention_seconds(1, 32, 4, 64, 8192)
+    flops = 2.0 * 8192 ** 2 * 64 * 32
+    fwd, bwd = table.attention[(32, 4, 64, 8192)]
+    assert t64 == pytest.approx(flops / fwd + 2.5 * flops / bwd)
+    assert fwd > 1.5 * table.attention[(32, 32, 100, 8192)][0]
+
+
 def test_yaml_gpu_file_can_name_a_kernel_table(tmp_path):
     from trainperf.specs import SpecError
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 # (hidden, intermediate, heads, kv heads): the shapes of bench/planner_accuracy.py and the 70B recipe
 GPU_MODELS = {
     "1b": (2048, 5504, 16, 16),
+    "1b-gqa": (2048, 5632, 32, 4),  # bench/lora_throughput.py's 1B: 64-wide heads, 8 queries per KV head
     "3b": (3200, 8640, 32, 32),
     "7b": (4096, 11008, 32, 32),
     "8b": (4096, 14336, 32, 8),
