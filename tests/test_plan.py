@@ -286,7 +286,7 @@ def test_eight_bit_adamw_is_what_fits_llama3_8b_pretraining_on_one_h200():
     ratio = small.memory["optimizer_states"] / full.memory["optimizer_states"]
     assert ratio == pytest.approx(OPTIMIZER_STATE_BYTES["adamw8bit"] / 8.0) and ratio < 0.26
     assert full.memory["optimizer_states"] / 2**30 == pytest.approx(8.03e9 * 8 / 2**30, rel=0.01)
-    # 16 B of traffic per parameter instead of 28, but one compiled call per tensor (291 here): the
+    # 16 B of traffic per parameter instead of 28, but a fitted cost per tensor (291 here): the
     # 8-bit step is the longer one (measured 0.42-0.46 s per step on one H200)
     assert trained_tensors(spec) == 32 * 9 + 3
     hbm = PRESETS["h200"].hbm_tbps * 1e12

@@ -34,10 +34,11 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw8bit": 2.0 + 2 * 4.0 / 256}
 # one step's HBM traffic per parameter, memory-bound: fused AdamW reads param, grad and both moments and
 # writes param and moments (28 B); AdamW8bit reads 4 + 4 + 2 and writes 4 + 2 (16 B, scales aside)
 OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 16.0}
-# ... and a cost per parameter tensor: torchao calls its compiled step once per tensor (guards, DTensor
-# and state-subclass wrapping in Python each time). Fitted: Llama-3-8B pretraining on one H200, step
-# time at GBS 8 and 32 -> 0.42-0.46 s per step that does not grow with the batch, 291 tensors
-# (docs/PERFORMANCE.md, tenth session); fused AdamW is one multi-tensor launch, taken as free.
+# ... and a cost per parameter tensor: torchao steps each tensor through its own compiled call (a
+# Python call with guards and tensor-subclass wrapping, then the 8-bit re-quantisation's binary search
+# over a 256-entry code book). Fitted: Llama-3-8B pretraining on one H200, step time at GBS 8 and 32 ->
+# 0.42-0.46 s per step that does not grow with the batch, 291 tensors (docs/PERFORMANCE.md, tenth
+# session; host and GPU shares not separated); fused AdamW is one multi-tensor launch, taken as free.
 OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.5e-3}
 
 
