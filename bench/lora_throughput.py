@@ -67,14 +67,14 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                    compile_layers=False, fp8: str = "none", autotune: bool = False) -> dict:
+                    compile_layers=False, fp8: str = "none") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
 
     spec = RunSpec(workload="bench", model=model_spec, lora=lora,
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,
-                                   compile=compile_layers, compile_autotune=autotune))
+                                   compile=compile_layers))
     spec.parallel.dp_shard = 1
     spec.hardware.fp8 = fp8
     init_distributed("cuda")
@@ -165,8 +165,6 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
     ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF stays eager)")
-    ap.add_argument("--autotune", action="store_true",
-                    help="with --compile: train.compile_autotune=true (Inductor max-autotune for trainperf's layers)")
     ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
     ap.add_argument("--dropout", type=float, default=LORA.dropout,
                     help="LoRA dropout of both sides (default 0.1; 0 bounds what dropout costs)")
@@ -180,7 +178,7 @@ def main() -> int:
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
     runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
     common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
-                  warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8, autotune=args.autotune)
+                  warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
     side_by_side([(name, fn, common) for name, fn in runs], shape=args.shape, seq=args.seq, flops_tok=flops_tok,
                  ratio_label="trainperf / HF+PEFT", json_path=args.json,
                  meta=dict(bench="lora", shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))

@@ -108,10 +108,6 @@ class TrainSpec:
     seed: int = 1234
     log_every: int = 10
     compile: bool = False
-    # with compile: Inductor's max-autotune for the compiled layers -- each GEMM benchmarked as cuBLAS and
-    # as Triton templates (which can fuse neighbouring pointwise work), the fastest kept; compiling takes
-    # minutes longer. No CUDA graphs (the layers' hooks and offload are not graph-safe)
-    compile_autotune: bool = False
     save_final_model: bool = False  # write the trained (base) weights to RUN_DIR/model at the end
     # forward+backward passes on synthetic tokens before the clock starts (allocator, kernels, NCCL);
     # no optimizer step, gradients dropped and RNG states restored, so no model or optimizer state changes
@@ -534,8 +530,6 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
     _validate_fp8(spec)
     _validate_optimizer(t)
-    if t.compile_autotune and not t.compile:
-        raise SpecError("train.compile_autotune=true tunes the compiled layers' kernels: it needs train.compile=true")
     if spec.hardware.host_mem_gib < 0:
         raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")
     per_stage = layers_per_stage(spec)

@@ -339,7 +339,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
         layer.forward = partial(_recomputed_forward, layer, context_fn)
 
 
-def apply_compile(model: nn.Module, backend: str = "inductor", autotune: bool = False) -> None:
+def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
     """Compile each decoder layer separately (fast compile, reused across identical layers: nothing
     a layer's graph guards on may differ per layer). ``backend``: tests capture with aot_eager.
 
@@ -356,8 +356,6 @@ def apply_compile(model: nn.Module, backend: str = "inductor", autotune: bool = 
     while eager's kernel is bandwidth-bound; on one H200 the compiled 7B LoRA step gained 1.2%
     (docs/PERFORMANCE.md), and a compiled layer now drops exactly what the eager one drops."""
     options = {"fallback_random": True} if backend == "inductor" else None
-    if options is not None and autotune:  # train.compile_autotune; mode="max-autotune" would add CUDA graphs
-        options["max_autotune"] = True
     for layer in model.model.layers.values():
         if getattr(layer, "_recompute_mode", None) in ("full", "offload"):
             layer._forward_plain = torch.compile(layer._forward_plain, fullgraph=True, backend=backend,
@@ -404,7 +402,7 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     apply_activation_offload(model, modes, device)
     apply_activation_checkpointing(model, tr.recompute, tr.recompute_layers, tr.recompute_others, tr.offload_layers)
     if tr.compile:
-        apply_compile(model, autotune=tr.compile_autotune)
+        apply_compile(model)
     if not runs_without_fsdp(model, mesh, param_dtype):
         apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
 
