@@ -7,7 +7,8 @@ gradient) and trained ones (pretraining: + weight gradients). Prints JSON: ms pe
     python bench/fused_projections.py [7b 8b 70b] > fused.json
 
 1 x H200, torch 2.11, 2026-12-01: fusing q/k/v 0.94-1.016x, gate/up 0.865-0.993x -- not kept
-(docs/PERFORMANCE.md, tenth session; bench/data/session10_h200.json).
+(docs/PERFORMANCE.md, tenth session; bench/data/session10_h200.json; measured with its own timer, 4
+warm-up calls then the median of 15, before it took layout_probes' timer with 3 warm-ups).
 """
 from __future__ import annotations
 
@@ -17,22 +18,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from layout_probes import median_ms
+
 SHAPES = {"7b": (4096, 11008, 32, 32, 128), "8b": (4096, 14336, 32, 8, 128), "70b": (8192, 28672, 64, 8, 128)}
 TOKENS = 8192
-
-
-def median_ms(fn, iters=15):
-    for _ in range(4):
-        fn()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
 
 
 def attn_proj_sep(x, wq, wk, wv):
@@ -78,7 +67,7 @@ def run(shape, trained):
                      ("attn_fused", lambda: step(f_af(x, wqkv, nq, nkv), (gq, gk, gv))),
                      ("mlp_sep", lambda: step([f_ms(x, wg, wu, wd)], [gm])),
                      ("mlp_fused", lambda: step([f_mf(x, wgu, wd, ffn)], [gm]))):
-        res[name] = round(median_ms(fn), 3)
+        res[name] = round(median_ms(fn, 15), 3)
     gemms = 3 if trained else 2
     res["attn_ratio"] = round(res["attn_sep"] / res["attn_fused"], 3)
     res["mlp_ratio"] = round(res["mlp_sep"] / res["mlp_fused"], 3)
