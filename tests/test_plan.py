@@ -271,7 +271,6 @@ def test_eight_bit_adamw_is_what_fits_llama3_8b_pretraining_on_one_h200():
 
     from trainperf.plan.costs import (OPTIMIZER_SECONDS_PER_TENSOR, OPTIMIZER_STATE_BYTES, check_memory, estimate,
                                       trained_tensors)
-
     from trainperf.workloads.mlperf import llama31_8b_defaults
 
     spec = resolve_spec(llama31_8b_defaults(), None, ["mlperf.division=open", "train.global_batch_size=4",

@@ -510,8 +510,9 @@ def test_expandable_segments_joins_the_allocator_settings_the_environment_alread
 
 def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_like_adamw():
     """train.optimizer=adamw8bit: torchao's AdamW8bit, its moments 1 byte per element plus an fp32 scale
-    per 256 and a code book per tensor (the run summary's optimizer_state_gib counts them through the subclass); one step moves
-    the weights as fp32 AdamW does, to within the quantisation; the rate is a tensor set in place."""
+    per 256 and a code book per tensor (the run summary's optimizer_state_gib counts them through the
+    subclass); one step moves the weights as fp32 AdamW does, to within the quantisation; the rate is
+    a tensor set in place."""
     from trainperf.specs import TrainSpec
     from trainperf.train.loop import build_optimizer, optimizer_state_bytes, set_lr
 
