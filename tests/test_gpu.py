@@ -267,6 +267,6 @@ def test_eight_bit_adamw_on_gpu_reaches_the_target_as_adamw_does(tmp_path):
     out, s = run(tmp_path, "run", "mini-pretrain", "--set", "train.seed=7", "--set", "train.optimizer=adamw8bit")
     assert out.returncode == 0 and out_ref.returncode == 0, out.stderr[-3000:]
     assert s["status"] == ref["status"] == "success" and s["optimizer"] == "adamw8bit"
-    assert s["losses"][0] == pytest.approx(ref["losses"][0], rel=1e-3)  # bf16 on the GPU: 1.7e-4 seen
+    assert s["losses"][0] == pytest.approx(ref["losses"][0], abs=1e-5)  # same seed, nothing stepped yet
     assert s["samples_to_target"] <= 2 * ref["samples_to_target"]
     assert 0.2 * ref["optimizer_state_gib"] < s["optimizer_state_gib"] < 0.6 * ref["optimizer_state_gib"]

@@ -511,7 +511,7 @@ def test_expandable_segments_joins_the_allocator_settings_the_environment_alread
 def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_like_adamw():
     """train.optimizer=adamw8bit: torchao's AdamW8bit, its moments 1 byte per element plus an fp32 scale
     per 256 and a code book per tensor (the run summary's optimizer_state_gib counts them through the
-    subclass); one step moves the weights as fp32 AdamW does, to within the quantisation; the rate is
+    subclass); three steps move the weights as fp32 AdamW does, to within the quantisation; the rate is
     a tensor set in place."""
     from trainperf.specs import TrainSpec
     from trainperf.train.loop import build_optimizer, optimizer_state_bytes, set_lr
@@ -526,16 +526,21 @@ def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_l
     for name, w in weights.items():
         t.optimizer = name
         opts[name] = build_optimizer([w], t)
-        w.grad = grad.clone()
-        opts[name].step()
+        for _ in range(3):  # torchao's first step updates from the moments before quantising them
+            w.grad = grad.clone()
+            opts[name].step()
     assert type(opts["adamw8bit"]).__name__ == "AdamW8bit" and type(opts["adamw"]) is torch.optim.AdamW
     n = 256 * 256
     assert optimizer_state_bytes(opts["adamw"]) == 8 * n + 4  # two fp32 moments + the step counter
     # codes, a scale per 256 and each moment's 256-entry fp32 code book, + the step counter
     assert optimizer_state_bytes(opts["adamw8bit"]) == 2 * n + 2 * 4 * (n // 256) + 2 * 4 * 256 + 4
-    assert (weights["adamw"] - start).abs().mean() > 0.5 * t.lr  # Adam's first step: about lr per weight
-    gap = (weights["adamw"] - weights["adamw8bit"]).abs().max()
-    assert gap < 0.05 * t.lr  # 8-bit moments: the same update to 5% of lr
+    assert (weights["adamw"] - start).abs().mean() > 1.5 * t.lr  # three Adam steps: about lr per weight each
+    gap = (weights["adamw"] - weights["adamw8bit"]).abs()
+    # from the second step the 8-bit moments differ (fp32 moments would agree to ~1e-7 lr) and stay close
+    # for almost every weight; the few whose tiny second moment shares a block with large ones move up
+    # to ~2 lr apart (blockwise quantisation, as in bitsandbytes)
+    assert gap.max() > 1e-3 * t.lr and gap.mean() < 0.05 * t.lr
+    assert torch.quantile(gap.flatten(), 0.99) < 0.25 * t.lr
     set_lr(opts["adamw8bit"], 3e-3)
     set_lr(opts["adamw"], 3e-3)
     assert float(opts["adamw8bit"].param_groups[0]["lr"]) == pytest.approx(3e-3)

@@ -325,6 +325,8 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
     for item in overrides:
         key, value = parse_override(item)
         set_value(spec, key, value)
+    if spec.train.optimizer not in OPTIMIZERS:  # plan and tune price it before any validate()
+        raise SpecError(f"train.optimizer={spec.train.optimizer!r}: valid values are {', '.join(OPTIMIZERS)}")
     return spec
 
 

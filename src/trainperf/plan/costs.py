@@ -31,15 +31,16 @@ FRAGMENTATION = 0.05  # caching-allocator slack on top of what is allocated
 # train.optimizer's moments per trained parameter (fp32 masters and gradients are counted apart):
 # AdamW two fp32 moments; torchao's AdamW8bit two 8-bit codes plus an fp32 scale per 256 of each
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw8bit": 2.0 + 2 * 4.0 / 256}
-# one step's HBM traffic per parameter, memory-bound: fused AdamW reads param, grad and both moments and
-# writes param and moments (28 B); AdamW8bit reads 4 + 4 + 2 and writes 4 + 2 (16 B, scales aside)
-OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 16.0}
-# ... and a cost per parameter tensor: torchao steps each tensor through its own compiled call (a
-# Python call with guards and tensor-subclass wrapping, then the 8-bit re-quantisation's binary search
-# over a 256-entry code book). Fitted: Llama-3-8B pretraining on one H200, step time at GBS 8 and 32 ->
-# 0.42-0.46 s per step that does not grow with the batch, 291 tensors (docs/PERFORMANCE.md, tenth
-# session; host and GPU shares not separated); fused AdamW is one multi-tensor launch, taken as free.
-OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.5e-3}
+# one step's GPU time per parameter, as bytes at HBM rate: fused AdamW is memory-bound, reading param,
+# grad and both moments and writing param and moments (28 B). AdamW8bit moves 16 B but re-quantises both
+# moments by a binary search over a 256-entry code book: its kernels took 0.145 s for Llama-3-8B's
+# 8.03e9 parameters on one H200 (a trace, docs/PERFORMANCE.md tenth session), 87 B at HBM rate
+OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 87.0}
+# ... and host time per parameter tensor while the GPU waits: torchao issues one compiled call per tensor
+# and its step does not let the host run ahead (a probe, same section). Fitted: the same runs' 0.42-0.47 s
+# per step that does not grow with the batch (GBS 8 against 32), less the 0.145 s of kernels, over 291
+# tensors. Fused AdamW is one multi-tensor launch, taken as free.
+OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.0e-3}
 
 
 @dataclass
@@ -499,8 +500,9 @@ def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_
         return ""
     other = copy.deepcopy(spec)
     other.train.optimizer = "adamw8bit"
-    need = estimate(other, gpu, gpus_per_node).reserved_gib
-    if need > limit_gib:
+    est = estimate(other, gpu, gpus_per_node)
+    need = est.reserved_gib
+    if need > limit_gib or not est.fits:  # est.fits: the host-offload budget too
         return ""
     return (f"; train.optimizer=adamw8bit (8-bit AdamW moments, torchao; not the reference optimizer, so "
             f"mlperf.division=open) would need {need:.1f} GiB")
