@@ -7,7 +7,7 @@ synchronised with the device, and in training the GPU then idles while the host 
     python bench/optimizer_sync.py [--tensors 291] [--size 1024]
 
 Why (docs/PERFORMANCE.md, tenth session): Llama-3-8B pretraining with AdamW8bit on one H200 spends
-0.42-0.46 s per step outside its micro-batches, 0.57 s of GPU idle in a trace, 0.145 s of optimizer
+0.42-0.47 s per step outside its micro-batches, 0.57 s of GPU idle in a trace, 0.145 s of optimizer
 kernels. This script's first form (scratch: 288 tensors of 1024 x 1024 and 3 of 4096, 2026-12-01):
 AdamW8bit as built took 132 ms of host time with the GPU idle and 257 ms behind 235 ms of queued work
 -- the step waited for the queue; with only its rate moved to the GPU, 150 and 515 ms.

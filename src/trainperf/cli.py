@@ -265,7 +265,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({"gpu": gpu.name, "measured": measured_note, "gpus": args.gpus, "gpus_per_node": per_node, "ranked": rows,
                           "memory_headroom": headroom, "usable_gib": usable, "fitting": len(fits),
-                          "not_fitting": len(oom), "over_headroom": over, "hint": hint.lstrip("; ") or None,
+                          "not_fitting": len(oom), "over_headroom": over, "hint": hint or None,
                           "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                          indent=2))
         return EXIT_OK if fits else EXIT_FAILED
@@ -302,7 +302,7 @@ def cmd_plan(args) -> int:
                       f"{usable:.1f} usable of {gpu.hbm_gib:.0f} GiB ({oom[0].set_line})"
                       + (f"; {over} fit only without the {100 * headroom:g}% memory headroom (--memory-headroom 0 "
                          "ranks them, at the risk of an OOM)" if over else "")
-                      + hint)
+                      + (f"; {hint}" if hint else ""))
         return EXIT_FAILED
     launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
               f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")

@@ -325,8 +325,7 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
     for item in overrides:
         key, value = parse_override(item)
         set_value(spec, key, value)
-    if spec.train.optimizer not in OPTIMIZERS:  # plan and tune price it before any validate()
-        raise SpecError(f"train.optimizer={spec.train.optimizer!r}: valid values are {', '.join(OPTIMIZERS)}")
+    _check_optimizer_name(spec.train)  # plan and tune price it before any validate()
     return spec
 
 
@@ -495,9 +494,13 @@ def _validate_fp8(spec: RunSpec) -> None:
                         "without network); it is not installed")
 
 
-def _validate_optimizer(t: TrainSpec) -> None:
+def _check_optimizer_name(t: TrainSpec) -> None:
     if t.optimizer not in OPTIMIZERS:
         raise SpecError(f"train.optimizer={t.optimizer!r}: valid values are {', '.join(OPTIMIZERS)}")
+
+
+def _validate_optimizer(t: TrainSpec) -> None:
+    _check_optimizer_name(t)
     import importlib.util
 
     if t.optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:

@@ -493,7 +493,7 @@ def trained_tensors(spec: RunSpec) -> int:
 
 def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_gib: float) -> str:
     """A layout over ``limit_gib`` whose AdamW moments are what stands between it and the device: the
-    words saying train.optimizer=adamw8bit would fit it (and what that gives up), else ''."""
+    clause saying train.optimizer=adamw8bit would fit it (and what that gives up), else ''."""
     import copy
 
     if spec.train.optimizer != "adamw":
@@ -504,7 +504,7 @@ def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_
     need = est.reserved_gib
     if need > limit_gib or not est.fits:  # est.fits: the host-offload budget too
         return ""
-    return (f"; train.optimizer=adamw8bit (8-bit AdamW moments, torchao; not the reference optimizer, so "
+    return (f"train.optimizer=adamw8bit (8-bit AdamW moments, torchao; not the reference optimizer, so "
             f"mlperf.division=open) would need {need:.1f} GiB")
 
 
@@ -523,9 +523,9 @@ def check_memory(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
             "or set hardware.host_mem_gib to the node's memory")
     if not est.fits:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(est.memory.items(), key=lambda kv: -kv[1])[:3])
+        hint = eight_bit_optimizer_hint(spec, gpu, gpus_per_node, gpu.hbm_gib)
         raise SpecError(
             f"predicted peak memory {est.reserved_gib:.1f} GiB per GPU exceeds the {gpu.hbm_gib:.0f} GiB of {gpu.name} "
             f"({parts} GiB); try train.recompute=full, more parallel.dp_shard/tp/cp/pp or a smaller "
-            "train.micro_batch_size (hardware.memory_check=false skips this check)"
-            + eight_bit_optimizer_hint(spec, gpu, gpus_per_node, gpu.hbm_gib))
+            "train.micro_batch_size (hardware.memory_check=false skips this check)" + (f"; {hint}" if hint else ""))
     return est
