@@ -38,9 +38,9 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw8bit": 2.0 + 2 * 4.0 / 256}
 OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 87.0}
 # ... and a fixed cost per parameter tensor: torchao issues one compiled call per tensor (0.42-0.52 ms of
 # host time each, overlapping queued work) and its step returns only once the GPU's queue drains
-# (bench/optimizer_sync.py, PERFORMANCE.md eleventh session). Fitted, cause of the rest not established: the same runs' 0.42-0.47 s
-# per step that does not grow with the batch (GBS 8 against 32), less the 0.145 s of kernels, over 291
-# tensors. Fused AdamW is one multi-tensor launch, taken as free.
+# (bench/optimizer_sync.py, PERFORMANCE.md eleventh session). Fitted, the cause of the rest not
+# established: the same runs' 0.42-0.47 s per step that does not grow with the batch (GBS 8 against 32),
+# less the 0.145 s of kernels, over 291 tensors. Fused AdamW is one multi-tensor launch, taken as free.
 OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.0e-3}
 
 
