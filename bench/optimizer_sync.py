@@ -2,7 +2,7 @@
 AdamW, torchao's AdamW8bit as it builds itself (its learning rate and step counters are CPU tensors),
 and AdamW8bit with those moved to the GPU. For each: the host time of a step with the GPU idle, and
 with ~0.2 s of GPU work queued ahead of it -- a step that returns only after the queue drains has
-synchronised with the device, and in training the GPU then idles while the host issues the step.
+synchronised with the device, and in training the next micro-batch then starts on an empty GPU.
 
     python bench/optimizer_sync.py [--tensors 291] [--size 1024]
 
