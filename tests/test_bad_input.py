@@ -346,13 +346,30 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
     ],
 )
 def test_validate_rejects(overrides, world, words):
-    spec = resolve_spec(mini_pretrain_defaults(), None, overrides)
-    with pytest.raises(SpecError) as info:
-        validate(spec, world)
+    with pytest.raises(SpecError) as info:  # a misspelt named choice already fails in resolve_spec
+        validate(resolve_spec(mini_pretrain_defaults(), None, overrides), world)
     msg = str(info.value)
     assert "\n" not in msg
     for w in words:
         assert w in msg, msg
+
+
+@pytest.mark.parametrize("section, key, valid", [
+    ("hardware", "fp8", "none, tensorwise, rowwise"),
+    ("hardware", "frozen_dtype", "auto, fp32, bf16, fp8"),
+    ("train", "recompute", "none, selective, full"),
+    ("parallel", "pp_schedule", "GPipe, 1F1B, Interleaved1F1B"),
+])
+def test_named_choices_checked_by_resolve_spec_and_validate(section, key, valid):
+    """One check (specs.check_choices) behind both: resolve_spec, which plan and tune use without
+    validate(), and validate, for a spec edited after it was resolved."""
+    with pytest.raises(SpecError) as by_resolve:
+        resolve_spec(mini_pretrain_defaults(), None, [f"{section}.{key}=bogus"])
+    spec = mini_pretrain_defaults()
+    setattr(getattr(spec, section), key, "bogus")
+    with pytest.raises(SpecError) as by_validate:
+        validate(spec, 1)
+    assert str(by_resolve.value) == str(by_validate.value) == f"{section}.{key}='bogus': valid values are {valid}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,6 +498,7 @@ def _configs(d: Path) -> None:
     (d / "unk.yaml").write_text("bogus:\n  x: 1\n")
     (d / "bad.yaml").write_text("train:\n  lr: [1\n  x: : :\n")
     (d / "bad.toml").write_text("[train\nlr = \n")
+    (d / "fp8.yaml").write_text("hardware:\n  fp8: bogus\n")
 
 
 BAD = [
@@ -544,6 +562,17 @@ BAD = [
     Case("bad-recompute", ("run", "mini-pretrain", "--set", "train.recompute=sometimes"),
          ("train.recompute='sometimes'", "none, selective, full")),
     Case("nproc-zero", ("run", "mini-pretrain", "--nproc-per-node", "0"), ("--nproc-per-node=0", ">= 1")),
+    # plan and tune price a spec without validate(): resolve_spec's named-choice check stops them
+    Case("plan-bad-fp8", ("plan", "mini-lora", "--gpus", "2", "--set", "hardware.fp8=bogus"),
+         ("hardware.fp8='bogus'", "valid values are none, tensorwise, rowwise")),
+    Case("plan-bad-frozen-dtype", ("plan", "mini-lora", "--gpus", "2", "--set", "hardware.frozen_dtype=bogus"),
+         ("hardware.frozen_dtype='bogus'", "auto, fp32, bf16, fp8")),
+    Case("plan-bad-recompute", ("plan", "mini-lora", "--gpus", "2", "--set", "train.recompute=bogus"),
+         ("train.recompute='bogus'", "none, selective, full")),
+    Case("plan-bad-fp8-config", ("plan", "mini-lora", "--gpus", "2", "--config", "{in}/fp8.yaml"),
+         ("hardware.fp8='bogus'", "none, tensorwise, rowwise"), _configs),
+    Case("tune-bad-recompute", ("tune", "mini-lora", "--gpus", "1", "--set", "train.recompute=bogus"),
+         ("train.recompute='bogus'", "none, selective, full")),
     Case("nproc-not-int", ("run", "mini-pretrain", "--nproc-per-node", "two"), ("--nproc-per-node", "'two'")),
     Case("unknown-command", ("bogus",), ("'bogus'", "run", "workloads")),
     # once bugs, now fixed
@@ -570,12 +599,15 @@ JSON_BAD = [
          ("bad.yaml", "could not be parsed"), _configs),
     Case("json-argparse-error", ("run", "mini-pretrain", "--json", "--nproc-per-node", "two"),
          ("--nproc-per-node", "'two'"), None),
+    Case("json-plan-bad-fp8", ("plan", "mini-lora", "--gpus", "2", "--json", "--set", "hardware.fp8=bogus"),
+         ("hardware.fp8='bogus'", "none, tensorwise, rowwise")),
 ]
 
 OTHER = [
     Case("workloads-json", ("workloads", "--json")),
     Case("run-help", ("run", "--help")),
     Case("report-json-empty", ("report", "--json")),
+    Case("plan-good-fp8", ("plan", "mini-lora", "--gpus", "2", "--json", "--set", "hardware.fp8=tensorwise")),
 ]
 
 CASES = {c.id: c for c in BAD + JSON_BAD + OTHER}
@@ -722,6 +754,16 @@ def test_cli_report_json_empty_db(cli, case_id):
     assert p.returncode == 0, _diag(p)
     assert json.loads(p.stdout) == []
     assert_nothing_written(res.tmp)
+
+
+@pytest.mark.parametrize("case_id", ["plan-good-fp8"])
+def test_cli_plan_accepts_a_valid_fp8_recipe(cli, case_id):
+    """The control for the plan-bad-* cases: a valid hardware.fp8 still plans (exit 0, layouts ranked)."""
+    p = cli[case_id].result().proc
+    assert p.returncode == 0, _diag(p)
+    out = json.loads(p.stdout)
+    assert out["fitting"] > 0 and out["ranked"], out
+    assert p.stderr.strip() == "", _diag(p)
 
 
 def test_fp8_without_torchao_is_a_clear_error(monkeypatch):

@@ -197,6 +197,9 @@ def cmd_plan(args) -> int:
     try:
         if args.gpus < 1:
             raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
+        # the spec first (resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8):
+        # bad input fails before the GPU file is read or the store is opened for a preflight
+        base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         gpu = load_gpu(args.gpu)
         measured_note = None
         if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
@@ -221,7 +224,6 @@ def cmd_plan(args) -> int:
                 gpu = dataclasses.replace(gpu, **overrides)
                 measured_note = (f"using measured figures of preflight {found['preflight_id']} "
                                  f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
-        base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
         per_node = args.gpus_per_node or min(args.gpus, 8)
         gbs_values = None
         if args.gbs:

@@ -325,7 +325,7 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
     for item in overrides:
         key, value = parse_override(item)
         set_value(spec, key, value)
-    _check_optimizer_name(spec.train)  # plan and tune price it before any validate()
+    check_choices(spec)  # plan and tune price the spec without validate(): a misspelt name fails here
     return spec
 
 
@@ -342,8 +342,6 @@ def resolve_layout(spec: RunSpec, world_size: int) -> None:
     for name in ("dp_replicate", "tp", "cp", "pp"):
         if getattr(p, name) < 1:
             raise SpecError(f"parallel.{name}={getattr(p, name)}: must be >= 1")
-    if p.pp_schedule not in PP_SCHEDULES:
-        raise SpecError(f"parallel.pp_schedule={p.pp_schedule!r}: valid schedules are {', '.join(PP_SCHEDULES)}")
     others = p.tp * p.cp * p.pp * p.dp_replicate
     if p.dp_shard == -1:
         if world_size % others:
@@ -472,11 +470,9 @@ def validate_layout(spec: RunSpec) -> None:
 
 
 def _validate_fp8(spec: RunSpec) -> None:
-    """hardware.fp8: a torchao recipe, torchao importable, tensor parallel off (float8 TP styles are not
-    wired), and GEMM dimensions float8 kernels accept (multiples of 16)."""
+    """hardware.fp8 (a torchao recipe, check_choices): torchao importable, tensor parallel off (float8 TP
+    styles are not wired), and GEMM dimensions float8 kernels accept (multiples of 16)."""
     h, m = spec.hardware, spec.model
-    if h.fp8 not in FP8_RECIPES:
-        raise SpecError(f"hardware.fp8={h.fp8!r}: valid values are {', '.join(FP8_RECIPES)}")
     if h.fp8 == "none":
         return
     if spec.parallel.tp > 1:
@@ -494,13 +490,25 @@ def _validate_fp8(spec: RunSpec) -> None:
                         "without network); it is not installed")
 
 
-def _check_optimizer_name(t: TrainSpec) -> None:
-    if t.optimizer not in OPTIMIZERS:
-        raise SpecError(f"train.optimizer={t.optimizer!r}: valid values are {', '.join(OPTIMIZERS)}")
+def check_choices(spec: RunSpec) -> None:
+    """The fields that take one of a fixed set of names: SpecError naming the field, the value and the
+    valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
+    p, t, h = spec.parallel, spec.train, spec.hardware
+    for key, value, valid in (
+            ("parallel.pp_schedule", p.pp_schedule, PP_SCHEDULES),
+            ("train.recompute", t.recompute, RECOMPUTE_MODES),
+            ("train.recompute_others", t.recompute_others, ("none", "selective")),
+            ("train.optimizer", t.optimizer, OPTIMIZERS),
+            ("hardware.device", h.device, ("auto", "cpu", "cuda")),
+            ("hardware.dtype", h.dtype, ("auto", "fp32", "bf16")),
+            ("hardware.frozen_dtype", h.frozen_dtype, ("auto", "fp32", "bf16", "fp8")),
+            ("hardware.fp8", h.fp8, FP8_RECIPES),
+            ("mlperf.division", spec.mlperf.division, ("open", "closed"))):
+        if value not in valid:
+            raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
 
 
 def _validate_optimizer(t: TrainSpec) -> None:
-    _check_optimizer_name(t)
     import importlib.util
 
     if t.optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
@@ -531,8 +539,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
             f"train.global_batch_size={t.global_batch_size} is not divisible by data-parallel size {dp} x "
             f"micro_batch_size {t.micro_batch_size} = {dp * t.micro_batch_size}; use a multiple of {dp * t.micro_batch_size}"
         )
-    if t.recompute not in RECOMPUTE_MODES:
-        raise SpecError(f"train.recompute={t.recompute!r}: valid values are {', '.join(RECOMPUTE_MODES)}")
+    check_choices(spec)
     _validate_fp8(spec)
     _validate_optimizer(t)
     if spec.hardware.host_mem_gib < 0:
@@ -548,8 +555,6 @@ def validate(spec: RunSpec, world_size: int) -> None:
             raise SpecError(f"train.recompute_layers={t.recompute_layers}: must be -1 (every layer) or "
                             f"0..{per_stage - t.offload_layers} (the decoder layers of one pipeline stage"
                             + (f" after the {t.offload_layers} offloaded ones)" if t.offload_layers else ")"))
-    if t.recompute_others not in ("none", "selective"):
-        raise SpecError(f"train.recompute_others={t.recompute_others!r}: valid values are none, selective")
     if t.recompute_others != "none" and (t.recompute != "full" or t.recompute_layers == -1):
         raise SpecError(f"train.recompute_others={t.recompute_others} applies to the layers train.recompute_layers "
                         "leaves out: it needs train.recompute=full and train.recompute_layers=0..layers per stage")
@@ -596,12 +601,6 @@ def validate(spec: RunSpec, world_size: int) -> None:
         raise SpecError(f"train.metrics_port={t.metrics_port}: must be a TCP port (1-65535), or 0 for none")
     if t.untimed_warmup_steps < 0:
         raise SpecError(f"train.untimed_warmup_steps={t.untimed_warmup_steps}: must be >= 0")
-    if spec.hardware.device not in ("auto", "cpu", "cuda"):
-        raise SpecError(f"hardware.device={spec.hardware.device!r}: valid values are auto, cpu, cuda")
-    if spec.hardware.dtype not in ("auto", "fp32", "bf16"):
-        raise SpecError(f"hardware.dtype={spec.hardware.dtype!r}: valid values are auto, fp32, bf16")
-    if spec.hardware.frozen_dtype not in ("auto", "fp32", "bf16", "fp8"):
-        raise SpecError(f"hardware.frozen_dtype={spec.hardware.frozen_dtype!r}: valid values are auto, fp32, bf16, fp8")
     if spec.hardware.frozen_dtype == "fp8" and not (spec.lora.enabled and spec.hardware.fp8 == "tensorwise"):
         raise SpecError("hardware.frozen_dtype=fp8 stores LoRA's frozen base in float8 for the tensorwise float8 "
                         f"GEMMs; it needs lora.rank > 0 and hardware.fp8=tensorwise (got lora.rank={spec.lora.rank}, "
@@ -610,5 +609,3 @@ def validate(spec: RunSpec, world_size: int) -> None:
             spec.hardware.dtype == "bf16" or (spec.hardware.dtype == "auto" and spec.hardware.device != "cpu" and _cuda_available())):
         raise SpecError("hardware.frozen_dtype=bf16 needs bf16 compute (hardware.dtype=bf16, or auto on a GPU); "
                         "use hardware.frozen_dtype=auto")
-    if spec.mlperf.division not in ("open", "closed"):
-        raise SpecError(f"mlperf.division={spec.mlperf.division!r}: valid values are open, closed")
