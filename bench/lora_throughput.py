@@ -3,6 +3,7 @@
 Same GPU, same process, same shapes, random weights and tokens, LoRA r16 alpha 32 dropout 0.1 on
 q/k/v/o, micro-batch 1, AdamW on the adapters, gradient clipping. Prints tokens/s, model TFLOP/s,
 MFU (LoRA-aware FLOPs, trainperf.train.metrics) and peak memory for both, and the ratio.
+``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure.
 
     python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
 """
@@ -67,7 +68,7 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                    compile_layers=False, fp8: str = "none") -> dict:
+                    compile_layers=False, fp8: str = "none", attention: str = "sdpa") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
@@ -77,6 +78,7 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
                                    compile=compile_layers))
     spec.parallel.dp_shard = 1
     spec.hardware.fp8 = fp8
+    spec.hardware.attention = attention
     init_distributed("cuda")
     mesh = build_mesh(spec.parallel, "cuda")
     model = Engine(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda")).parts[0][1]
@@ -145,9 +147,14 @@ def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_l
         print(f"{label} {tps:,.0f} tokens/s, {r['model_tflops']:.0f} model TFLOP/s, "
               f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB", flush=True)
     names = [name for name, _, _ in sides]
-    if len(names) == 2 and all("tokens_per_s" in results[n] for n in names):
-        results["ratio"] = results[names[0]]["tokens_per_s"] / results[names[1]]["tokens_per_s"]
-        print(f"ratio {ratio_label}: {results['ratio']:.2f}x")
+    baseline = results[names[-1]] if len(names) >= 2 else {}
+    for i, name in enumerate(names[:-1]):  # each of ours against the last side, the baseline
+        if "tokens_per_s" in results[name] and "tokens_per_s" in baseline:
+            ratio = results[name]["tokens_per_s"] / baseline["tokens_per_s"]
+            if i == 0:
+                results["ratio"] = ratio
+            results.setdefault("ratios", {})[name] = ratio
+            print(f"ratio {ratio_label}{'' if i == 0 else f' ({name})'}: {ratio:.2f}x")
     results.update(meta, gpu=torch.cuda.get_device_name(), torch=torch.__version__, flops_per_token=flops_tok,
                    date=time.strftime("%Y-%m-%d"))
     if json_path:
@@ -166,6 +173,9 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
     ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF stays eager)")
     ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
+    ap.add_argument("--attention", default="sdpa",
+                    help="trainperf's hardware.attention: sdpa, flash4 (FlashAttention-4's CuTe-DSL kernels), or "
+                         "sdpa,flash4 for both, one after the other in this process; HF stays SDPA")
     ap.add_argument("--dropout", type=float, default=LORA.dropout,
                     help="LoRA dropout of both sides (default 0.1; 0 bounds what dropout costs)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -176,10 +186,13 @@ def main() -> int:
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
-    runs = [("trainperf", bench_trainperf)] + ([] if args.no_hf else [("hf_peft", bench_hf_peft)])
     common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
                   warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
-    side_by_side([(name, fn, common) for name, fn in runs], shape=args.shape, seq=args.seq, flops_tok=flops_tok,
+    kernels = args.attention.split(",")
+    sides = [("trainperf" if i == 0 else f"trainperf_{kernel}", bench_trainperf, dict(common, attention=kernel))
+             for i, kernel in enumerate(kernels)]
+    sides += [] if args.no_hf else [("hf_peft", bench_hf_peft, common)]
+    side_by_side(sides, shape=args.shape, seq=args.seq, flops_tok=flops_tok,
                  ratio_label="trainperf / HF+PEFT", json_path=args.json,
                  meta=dict(bench="lora", shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0

@@ -119,3 +119,17 @@ def test_grid_survives_a_chatty_cell_and_kills_one_that_overruns(tmp_path, monke
     assert "trainperf done" in capsys.readouterr().out
     rows = throughput_matrix.table([str(out)]).splitlines()
     assert len(rows) == 3 and rows[2].startswith("| pretrain | 1b |")  # kind from the line, no baseline needed
+
+
+def test_side_by_side_puts_each_of_our_sides_against_the_last(tmp_path, monkeypatch, capsys):
+    """--attention sdpa,flash4: two of our sides, one baseline; each gets its ratio to the baseline."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    sides = [("trainperf", lambda **kw: {"step_s": 0.5, "peak_gib": 50.0}, {"recompute": "none"}),
+             ("trainperf_flash4", lambda **kw: {"step_s": 0.4, "peak_gib": 50.0}, {"recompute": "none"}),
+             ("hf_peft", lambda **kw: {"step_s": 0.8, "peak_gib": 68.0}, {"recompute": "none"})]
+    r = lora_throughput.side_by_side(sides, shape="7b", seq=8192, flops_tok=1e9, ratio_label="a / b",
+                                     json_path=None, meta={})
+    assert r["ratio"] == pytest.approx(0.8 / 0.5)  # the first side's, as with two sides
+    assert r["ratios"] == pytest.approx({"trainperf": 0.8 / 0.5, "trainperf_flash4": 0.8 / 0.4})
+    printed = capsys.readouterr().out
+    assert "ratio a / b: 1.60x" in printed and "ratio a / b (trainperf_flash4): 2.00x" in printed

@@ -270,3 +270,20 @@ def test_eight_bit_adamw_on_gpu_reaches_the_target_as_adamw_does(tmp_path):
     assert s["losses"][0] == pytest.approx(ref["losses"][0], abs=1e-5)  # same seed, nothing stepped yet
     assert s["samples_to_target"] <= 2 * ref["samples_to_target"]
     assert 0.2 * ref["optimizer_state_gib"] < s["optimizer_state_gib"] < 0.6 * ref["optimizer_state_gib"]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_flash4_attention_trains_like_sdpa(tmp_path, compiled):
+    """hardware.attention=flash4 (FlashAttention-4's CuTe-DSL kernels behind our custom op) trains
+    within bf16 rounding of SDPA (cuDNN), eager and inside per-layer torch.compile, with GQA heads."""
+    from trainperf.model.flash4 import available
+
+    if available():
+        pytest.skip(available())
+    shape = SMALL_7B_LIKE + ["--set", "model.num_kv_heads=2", "--set", "lora.dropout=0",
+                             "--set", f"train.compile={str(compiled).lower()}"]
+    out_sdpa, sdpa = run(tmp_path, "run", "synthetic-lora", *shape)
+    out_fa4, fa4 = run(tmp_path, "run", "synthetic-lora", *shape, "--set", "hardware.attention=flash4")
+    assert sdpa.get("losses") and fa4.get("losses"), (out_sdpa.stderr[-2000:], out_fa4.stderr[-2000:])
+    assert len(fa4["losses"]) == len(sdpa["losses"])
+    assert all(abs(a / b - 1) < 0.01 for a, b in zip(fa4["losses"], sdpa["losses"]))

@@ -156,6 +156,9 @@ class HardwareSpec:
     frozen_dtype: str = "auto"
     # float8 GEMMs in the decoder layers through torchao: none | tensorwise | rowwise (model/float8.py)
     fp8: str = "none"
+    # causal attention kernel: sdpa (PyTorch's SDPA, cuDNN first on GPU) | flash4 (FlashAttention-4's
+    # CuTe-DSL kernels, model/flash4.py; Hopper/Blackwell, needs the flash-attn-4 package)
+    attention: str = "sdpa"
     # host memory per node, GiB, that train.offload_layers may fill with pinned activations (half of
     # it, the rest left to the OS and the data); 0: this machine's own (/proc/meminfo)
     host_mem_gib: float = 0.0
@@ -490,6 +493,27 @@ def _validate_fp8(spec: RunSpec) -> None:
                         "without network); it is not installed")
 
 
+ATTENTION_KERNELS = ("sdpa", "flash4")
+
+
+def _validate_attention(spec: RunSpec) -> None:
+    """hardware.attention: a known kernel; flash4 on a single-sequence-per-rank layout (context
+    parallel's ring attention is SDPA's) and on a GPU and package that can run it."""
+    kernel = spec.hardware.attention  # a known name: check_choices
+    if kernel == "sdpa":
+        return
+    if spec.parallel.cp > 1:
+        raise SpecError(f"hardware.attention=flash4 with parallel.cp={spec.parallel.cp} is not supported (context "
+                        "parallel's ring attention runs SDPA); use hardware.attention=sdpa or parallel.cp=1")
+    if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
+        raise SpecError("hardware.attention=flash4 needs CUDA GPUs (Hopper or Blackwell); use hardware.attention=sdpa on CPU")
+    from trainperf.model.flash4 import available
+
+    why_not = available()
+    if why_not:
+        raise SpecError(why_not)
+
+
 def check_choices(spec: RunSpec) -> None:
     """The fields that take one of a fixed set of names: SpecError naming the field, the value and the
     valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
@@ -503,6 +527,7 @@ def check_choices(spec: RunSpec) -> None:
             ("hardware.dtype", h.dtype, ("auto", "fp32", "bf16")),
             ("hardware.frozen_dtype", h.frozen_dtype, ("auto", "fp32", "bf16", "fp8")),
             ("hardware.fp8", h.fp8, FP8_RECIPES),
+            ("hardware.attention", h.attention, ATTENTION_KERNELS),
             ("mlperf.division", spec.mlperf.division, ("open", "closed"))):
         if value not in valid:
             raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
@@ -541,6 +566,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     check_choices(spec)
     _validate_fp8(spec)
+    _validate_attention(spec)
     _validate_optimizer(t)
     if spec.hardware.host_mem_gib < 0:
         raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")

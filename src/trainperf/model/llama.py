@@ -92,6 +92,7 @@ class Attention(nn.Module):
             self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
         self.repeat_kv = False
+        self.kernel = "sdpa"  # or "flash4" (hardware.attention; set by parallelize.apply_attention_kernel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -103,9 +104,16 @@ class Attention(nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # -1 rather than n_heads so that a tensor-parallel shard with fewer local heads still works
-        q = q.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
-        k = k.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
-        v = v.view(bsz, seq, -1, self.head_dim).transpose(1, 2)
+        q = q.view(bsz, seq, -1, self.head_dim)
+        k = k.view(bsz, seq, -1, self.head_dim)
+        v = v.view(bsz, seq, -1, self.head_dim)
+        if self.kernel == "flash4":  # (batch, seq, heads, head_dim) throughout: no transposes
+            from trainperf.model.flash4 import causal_attention
+
+            cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+            out = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+            return self.o_proj(out.reshape(bsz, seq, -1))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         gqa = self.n_heads != self.n_kv
         if gqa and self.repeat_kv:  # context parallel's ring attention takes no enable_gqa

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from trainperf.model import flash4  # noqa: F401  registers torch.ops.trainperf.flash4_attn for the policy below
 from trainperf.model.float8 import apply_float8
 from trainperf.specs import ParallelSpec, RunSpec, layer_memory_modes, stages_per_rank
 
@@ -221,6 +222,13 @@ def apply_cp(model: nn.Module) -> None:
         layer.self_attn.repeat_kv = True
 
 
+def apply_attention_kernel(model: nn.Module, kernel: str) -> None:
+    """hardware.attention: which kernel each decoder layer's causal attention calls (SDPA, or
+    FlashAttention-4's custom op, model/flash4.py). Validation has refused flash4 with context parallel."""
+    for layer in model.model.layers.values():
+        layer.self_attn.kernel = kernel
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Activation checkpointing, 5. compile
 
@@ -235,7 +243,8 @@ def _selective_policy(adapter_rank: int | None = None):
     save = matmuls | {torch.ops.aten._scaled_dot_product_flash_attention.default,
                       torch.ops.aten._scaled_dot_product_efficient_attention.default,
                       torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-                      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+                      torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                      torch.ops.trainperf.flash4_attn.default}
 
     def is_adapter_gemm(op, args) -> bool:
         if adapter_rank is None or op not in matmuls:
@@ -392,6 +401,7 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
     p, tr = spec.parallel, spec.train
     apply_float8(model, spec.hardware.fp8, emulate=mesh.device_type != "cuda")  # no float8 GEMMs off GPU
+    apply_attention_kernel(model, spec.hardware.attention)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:
