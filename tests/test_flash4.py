@@ -145,6 +145,22 @@ def test_flash4_is_refused_on_cpu_and_with_context_parallel():
         _validate_attention(spec)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("hardware.dtype", "fp32", "runs bf16 only"),
+    ("model.num_heads", 40, "head dims 8 to 256 in multiples of 8; this model.s is 102"),  # 4096 / 40
+    ("model.num_heads", 8, "this model's is 512"),
+])
+def test_flash4_refuses_what_its_kernels_cannot_take(field, value, message):
+    from trainperf.specs import _validate_attention
+
+    spec = RunSpec(workload="x")
+    spec.hardware.attention, spec.hardware.device = "flash4", "cuda"
+    section, key = field.split(".")
+    setattr(getattr(spec, section), key, value)
+    with pytest.raises(SpecError, match=message):
+        _validate_attention(spec)
+
+
 def test_flash4_without_its_package_says_what_to_install(monkeypatch):
     from trainperf.model import flash4
 

@@ -507,9 +507,16 @@ def _validate_attention(spec: RunSpec) -> None:
                         "parallel's ring attention runs SDPA); use hardware.attention=sdpa or parallel.cp=1")
     if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
         raise SpecError("hardware.attention=flash4 needs CUDA GPUs (Hopper or Blackwell); use hardware.attention=sdpa on CPU")
+    if spec.hardware.dtype == "fp32":
+        raise SpecError("hardware.attention=flash4 runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto "
+                        "or bf16, or hardware.attention=sdpa")
+    head_dim = spec.model.head_dim
+    if head_dim % 8 or not 8 <= head_dim <= 256:
+        raise SpecError(f"hardware.attention=flash4 takes head dims 8 to 256 in multiples of 8; this model's is {head_dim} "
+                        "(hidden_size / num_heads); use hardware.attention=sdpa")
     from trainperf.model.flash4 import available
 
-    why_not = available()
+    why_not = available(head_dim)
     if why_not:
         raise SpecError(why_not)
 

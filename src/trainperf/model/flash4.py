@@ -25,7 +25,7 @@ import torch
 PACKAGE = "flash_attn.cute"
 
 
-def available() -> str | None:
+def available(head_dim: int = 128) -> str | None:
     """None when FA4 can run here, else why not (one line, for a clear error before any GPU work)."""
     if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec(PACKAGE) is None:
         return ("hardware.attention=flash4 needs the flash-attn-4 package (flash_attn.cute) and its "
@@ -36,6 +36,9 @@ def available() -> str | None:
     if major not in (9, 10):
         return (f"hardware.attention=flash4 runs on Hopper or Blackwell (sm90/sm100); this GPU is sm{major}x; "
                 "valid here: hardware.attention=sdpa")
+    if major == 10 and head_dim > 128 and head_dim != 256:  # FA4's sm100 kernels: up to 128, or exactly 256
+        return (f"hardware.attention=flash4 on Blackwell takes head dims up to 128 or 256; this model's is {head_dim}; "
+                "use hardware.attention=sdpa")
     return None
 
 
