@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from layout_probes import median_ms
 
 
 def causal_flops(batch: int, seq: int, heads: int, head_dim: int) -> tuple[float, float]:
@@ -25,20 +25,6 @@ def causal_flops(batch: int, seq: int, heads: int, head_dim: int) -> tuple[float
     the scores and takes four more GEMMs (dV, dP, dQ, dK), 2.5x the forward's two."""
     fwd = 2 * 2 * batch * heads * seq * seq * head_dim / 2
     return fwd, fwd * 3.5
-
-
-def median_ms(fn, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def run_kernel(attend, q, k, v, dout, iters: int, warmup: int) -> dict:

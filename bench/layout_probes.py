@@ -25,8 +25,9 @@ SHAPES_7B = {"qkv": (3 * HIDDEN, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 *
              "down": (HIDDEN, 11008), "head": (32000, HIDDEN)}
 
 
-def median_ms(fn, iters: int = 10) -> float:
-    for _ in range(3):
+def median_ms(fn, iters: int = 10, warmup: int = 3) -> float:
+    """Median over ``iters`` CUDA-event timings of ``fn`` after ``warmup`` untimed calls, ms."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
