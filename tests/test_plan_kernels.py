@@ -39,6 +39,21 @@ def test_attention_prefers_the_measured_head_dim_over_head_count():
         2 * 2.0 * 8192 ** 2 * 128 * 32 / 600e12)
 
 
+def test_flash4_attention_takes_its_own_rates_where_measured_and_sdpas_otherwise():
+    fwd = 2.0 * 8192 ** 2 * 128 * 32
+    sdpa = fwd / 600e12 + 2.5 * fwd / 500e12
+    without = KernelTable(TABLE)
+    assert not without.has_attention_kernel("flash4")
+    assert without.attention_seconds(1, 32, 32, 128, 8192, kernel="flash4") == pytest.approx(sdpa)
+    with_fa4 = KernelTable({**TABLE, "attention_flash4_tflops_fwd_bwd": {"32x32x128x8192": [600.0, 600.0]}})
+    assert with_fa4.has_attention_kernel("flash4")
+    assert with_fa4.attention_seconds(1, 32, 32, 128, 8192, kernel="flash4") == pytest.approx(
+        fwd / 600e12 + 2.5 * fwd / 600e12)
+    assert with_fa4.attention_seconds(1, 32, 32, 128, 8192) == pytest.approx(sdpa)  # one table, both kernels
+    with pytest.raises(ValueError, match="positive"):
+        KernelTable({**TABLE, "attention_flash4_tflops_fwd_bwd": {"32x32x128x8192": [0.0, 600.0]}})
+
+
 def test_a_table_missing_a_kind_or_with_a_zero_rate_is_rejected():
     with pytest.raises(ValueError, match="gemm_tflops"):
         KernelTable({"gemm_tflops": {}, "attention_tflops_fwd_bwd": {"1x1x64x128": [1, 1]}})
@@ -125,3 +140,14 @@ def test_kernel_table_predicts_the_twelve_layouts_within_the_issue_goal_where_fl
     assert statistics.median(abs(e) for e in flat.values()) > 0.07  # what the shape-blind rates gave
     # the 3B model's 100-wide heads have no cuDNN kernel: flat rates miss it by ~15%
     assert abs(table["3b-lora-s8192-1gpu"]) < 0.05 < abs(flat["3b-lora-s8192-1gpu"])
+
+
+def test_the_h200_table_prices_flash4_as_measured_at_7b_lora_s8192():
+    """The packaged table's FA4 column (twelfth session): the 7B LoRA step 2.4-3.4% faster than with SDPA
+    on three H200s; the planner's prediction falls in that neighbourhood, and SDPA's is unchanged."""
+    assert load_table("h200").has_attention_kernel("flash4")
+    base = ["parallel.dp_shard=1", "train.compile=true"]
+    sdpa = estimate(spec_for(*base), PRESETS["h200"], 1)
+    fa4 = estimate(spec_for(*base, "hardware.attention=flash4"), PRESETS["h200"], 1)
+    assert 1.015 < sdpa.step_time_s / fa4.step_time_s < 1.045
+    assert fa4.time["attention"] < sdpa.time["attention"] and fa4.time["gemm"] == sdpa.time["gemm"]

@@ -274,7 +274,8 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
         cast_bytes = gpu.fp8_cast_bytes_compiled if tr.compile else gpu.fp8_cast_bytes_eager
         t_lin += fp8_cast_elements(spec, tokens_mb, t) * L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
     if table is not None:  # ring attention: each rank computes 1/c of the causal work, in chunks
-        t_attn = L_rank * table.attention_seconds(b, m.num_heads / t, m.num_kv_heads / t, m.head_dim, S) / c \
+        t_attn = L_rank * table.attention_seconds(b, m.num_heads / t, m.num_kv_heads / t, m.head_dim, S,
+                                                  kernel=spec.hardware.attention) / c \
             * (gpu.cp_attn_slowdown if c > 1 else 1.0)
     else:
         attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)

@@ -38,15 +38,21 @@ class KernelTable:
         self.device = raw.get("device", "?")
         self.gemm = {tuple(int(x) for x in key.split("x")): rate * 1e12
                      for key, rate in (raw.get("gemm_tflops") or {}).items()}
-        self.attention = {tuple(int(x) for x in key.split("x")): (fwd * 1e12, bwd * 1e12)
-                          for key, (fwd, bwd) in (raw.get("attention_tflops_fwd_bwd") or {}).items()}
+        self.attention = _attention_rates(raw.get("attention_tflops_fwd_bwd"))
+        # hardware.attention=flash4's rates, where the table was measured with FlashAttention-4 installed
+        self.attention_flash4 = _attention_rates(raw.get("attention_flash4_tflops_fwd_bwd"))
         if not self.gemm or not self.attention:
             raise ValueError("a kernel table needs gemm_tflops and attention_tflops_fwd_bwd entries")
-        if min(self.gemm.values()) <= 0 or min(min(r) for r in self.attention.values()) <= 0:
+        rates = [*self.attention.values(), *self.attention_flash4.values()]
+        if min(self.gemm.values()) <= 0 or min(min(r) for r in rates) <= 0:
             raise ValueError("a kernel table's rates must be positive TFLOP/s")
         self._log_gemm = [(tuple(math.log(x) for x in shape), rate) for shape, rate in self.gemm.items()]
         self._memo: dict[tuple, float] = {}
         self._attention_memo: dict[tuple, tuple[float, float]] = {}
+
+    def has_attention_kernel(self, kernel: str) -> bool:
+        """Whether the table holds rates measured with ``kernel`` (``sdpa`` always)."""
+        return kernel == "sdpa" or (kernel == "flash4" and bool(self.attention_flash4))
 
     def gemm_flops_per_s(self, m: float, k: float, n: float) -> float:
         """Rate of [m, k] @ [k, n] in bf16: the measured shape nearest in log space."""
@@ -61,10 +67,12 @@ class KernelTable:
         return 2.0 * m * k * n / self.gemm_flops_per_s(m, k, n)
 
     def attention_seconds(self, batch: float, heads: float, kv_heads: float, head_dim: int, seq: float,
-                          backward: bool = True) -> float:
+                          backward: bool = True, kernel: str = "sdpa") -> float:
         """Causal attention over ``seq`` tokens of ``batch`` sequences with ``heads`` query heads: forward
-        (+ backward) seconds; FLOPs counted as the table counts them (causal once, backward 2.5x)."""
-        key = (heads, kv_heads, head_dim, seq)
+        (+ backward) seconds; FLOPs counted as the table counts them (causal once, backward 2.5x).
+        ``kernel``: hardware.attention; flash4 takes SDPA's rates where the table has none of its own."""
+        measured = self.attention_flash4 if kernel == "flash4" and self.attention_flash4 else self.attention
+        key = (heads, kv_heads, head_dim, seq, measured is self.attention)
         rates = self._attention_memo.get(key)
         if rates is None:
             ratio = heads / max(kv_heads, 1)
@@ -74,7 +82,12 @@ class KernelTable:
                 return (4 * abs(math.log(d / head_dim)) + abs(math.log(L / seq)) + 0.5 * abs(math.log(h / heads))
                         + 0.25 * abs(math.log((h / kv) / ratio)))
 
-            rates = self._attention_memo[key] = self.attention[min(self.attention, key=distance)]
+            rates = self._attention_memo[key] = measured[min(measured, key=distance)]
         fwd_rate, bwd_rate = rates
         flops_fwd = 2.0 * seq * seq * head_dim * heads * batch  # 2 GEMMs x 2 FLOPs x s^2 d / 2 (causal)
         return flops_fwd / fwd_rate + (2.5 * flops_fwd / bwd_rate if backward else 0.0)
+
+
+def _attention_rates(raw: dict | None) -> dict[tuple, tuple[float, float]]:
+    """{(heads, kv_heads, head_dim, seq): (forward, backward) FLOP/s} from a table's TFLOP/s entries."""
+    return {tuple(int(x) for x in key.split("x")): (fwd * 1e12, bwd * 1e12) for key, (fwd, bwd) in (raw or {}).items()}

@@ -2,8 +2,8 @@
 
 Measures the bf16 GEMMs of every projection of the Llama shapes the planner models (forward,
 input-gradient and weight-gradient orientation at several token counts) and causal attention
-(forward and backward, the SDPA backend order the engine uses) for each head layout, on one device.
-About 10 s on an H200. On CPU the shapes are tiny and the figures only exercise the path.
+(forward and backward, the SDPA backend order the engine uses; FlashAttention-4's kernels too where
+installed, hardware.attention=flash4) for each head layout, on one device. About 10 s on an H200. On CPU the shapes are tiny and the figures only exercise the path.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from trainperf.model import flash4
 
 # (hidden, intermediate, heads, kv heads): the shapes of bench/planner_accuracy.py and the 70B recipe
 GPU_MODELS = {
@@ -29,15 +31,27 @@ CPU_TOKENS = (64, 128)
 CPU_SEQS = (64, 128)
 
 
-def _timer(device: str):
+# GPU cycles of busy work queued ahead of each timed call with queue_ahead=True (~5 ms on an H200):
+# the host issues the call's kernels while the GPU is still busy, so the events time the kernels
+# alone, not the host's launch cost. The planner's constants were fitted on tables measured without
+# it (the default): launch costs included, as a step that does not run ahead pays them.
+# FlashAttention-4's Python launch path costs ~0.2 ms per forward and ~0.6 ms per backward (twelfth
+# session): without queued work its seq-2048 attention reads 90-100 TFLOP/s, its kernels run 500.
+QUEUE_AHEAD_CYCLES = 10_000_000
+
+
+def _timer(device: str, queue_ahead: bool = False):
     def timed(fn, iters: int) -> float:
-        """Median seconds per call of fn after two warm-up calls (CUDA events on GPU)."""
+        """Median seconds per call of fn after two warm-up calls (CUDA events on GPU; with queue_ahead,
+        behind queued work)."""
         for _ in range(2):
             fn()
         times = []
         for _ in range(iters):
             if device == "cuda":
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if queue_ahead:
+                    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
                 a.record()
                 fn()
                 b.record()
@@ -64,18 +78,17 @@ def projection_shapes(hidden: int, inter: int, heads: int, kv: int) -> dict[str,
 
 
 def measure_kernel_table(device: str = "cuda", iters: int = 10, models: dict | None = None,
-                         tokens: tuple[int, ...] | None = None, seqs: tuple[int, ...] | None = None) -> dict:
+                         tokens: tuple[int, ...] | None = None, seqs: tuple[int, ...] | None = None,
+                         queue_ahead: bool = False) -> dict:
     """The table as plan/kernels.py reads it: ``gemm_tflops`` keyed MxKxN ([M,K] @ [K,N]) and
     ``attention_tflops_fwd_bwd`` keyed heads x kv_heads x head_dim x seq (batch 1, causal FLOPs counted
     once, backward = 2.5x the forward's FLOPs)."""
-    from trainperf.model.llama import attention_backends
-
     cuda = device == "cuda"
     models = models or (GPU_MODELS if cuda else CPU_MODELS)
     tokens = tokens or (GPU_TOKENS if cuda else CPU_TOKENS)
     seqs = seqs or (GPU_SEQS if cuda else CPU_SEQS)
     dtype = torch.bfloat16
-    timed = _timer(device)
+    timed = _timer(device, queue_ahead)
     t0 = time.perf_counter()
     gemm: dict[str, float] = {}
     for hidden, inter, heads, kv in models.values():
@@ -88,30 +101,60 @@ def measure_kernel_table(device: str = "cuda", iters: int = 10, models: dict | N
                     a = torch.randn(shape[0], shape[1], device=device, dtype=dtype)
                     b = torch.randn(shape[1], shape[2], device=device, dtype=dtype)
                     gemm[key] = _sig(2 * shape[0] * shape[1] * shape[2] / timed(lambda: a @ b, iters) / 1e12)
-    attention: dict[str, list[float]] = {}
-    for hidden, heads, kv in {(h, n, kv) for h, _, n, kv in models.values()}:
+    attention = measure_attention_rates(device, iters, models, seqs, "sdpa", queue_ahead)
+    table = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__, "dtype": "bf16",
+             "gemm_tflops": gemm, "attention_tflops_fwd_bwd": attention}
+    if cuda and flash4.available() is None:  # FlashAttention-4 importable and this GPU runs it
+        fa4 = measure_attention_rates(device, iters, models, seqs, "flash4", queue_ahead)
+        table["attention_flash4_tflops_fwd_bwd"] = fa4
+    table.update(seconds=round(time.perf_counter() - t0, 1), queue_ahead=queue_ahead,
+                 note="gemm key MxKxN ([M,K]@[K,N]); attention key heads x kv_heads x head_dim x seq, batch 1, "
+                      "causal FLOPs counted once, backward = 2.5x forward FLOPs; attention_flash4_*: "
+                      "hardware.attention=flash4's kernels, where installed")
+    return table
+
+
+def measure_attention_rates(device: str, iters: int, models: dict, seqs: tuple[int, ...], kernel: str,
+                            queue_ahead: bool = False) -> dict:
+    """Causal attention's forward and backward TFLOP/s for each head layout of ``models`` at each of
+    ``seqs``, keyed heads x kv_heads x head_dim x seq, through ``kernel`` as the engine calls it: SDPA
+    in its backend order on (batch, heads, seq, head_dim), or FlashAttention-4's custom op on (batch,
+    seq, heads, head_dim) -- skipping head dims FA4 does not take (not a multiple of 8)."""
+    from trainperf.model.llama import attention_backends
+
+    timed = _timer(device, queue_ahead)
+    dtype = torch.bfloat16
+    rates: dict[str, list[float]] = {}
+    for hidden, heads, kv in sorted({(h, n, kv) for h, _, n, kv in models.values()}):
         head_dim = hidden // heads
+        if kernel == "flash4" and head_dim % 8:
+            continue
         for seq in seqs:
-            q = torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-            kk = torch.randn(1, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-            v = torch.randn(1, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
-            gqa = heads != kv
-            with attention_backends(device):
-                grad = torch.randn_like(F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=gqa))
+            if kernel == "flash4":
+                q = torch.randn(1, seq, heads, head_dim, device=device, dtype=dtype, requires_grad=True)
+                kk, v = (torch.randn(1, seq, kv, head_dim, device=device, dtype=dtype, requires_grad=True)
+                         for _ in range(2))
 
-                def forward():
-                    return F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=gqa)
+                def attend():
+                    return flash4.causal_attention(q, kk, v)
+            else:
+                q = torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                kk, v = (torch.randn(1, kv, seq, head_dim, device=device, dtype=dtype, requires_grad=True)
+                         for _ in range(2))
+                gqa = heads != kv
 
-                def forward_backward():
-                    torch.autograd.grad(forward(), (q, kk, v), grad)
+                def attend():
+                    with attention_backends(device):
+                        return F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=gqa)
 
-                fwd_s = timed(forward, iters)
-                both_s = timed(forward_backward, iters)
+            grad = torch.randn_like(attend())
+
+            def forward_backward():
+                torch.autograd.grad(attend(), (q, kk, v), grad)
+
+            fwd_s = timed(attend, iters)
+            both_s = timed(forward_backward, iters)
             flops = 2.0 * seq * seq * head_dim * heads  # 2 GEMMs x 2 FLOPs x s^2 d / 2 (causal)
-            attention[f"{heads}x{kv}x{head_dim}x{seq}"] = [_sig(flops / fwd_s / 1e12),
-                                                           _sig(2.5 * flops / max(both_s - fwd_s, 1e-9) / 1e12)]
-    name = torch.cuda.get_device_name() if cuda else "cpu"
-    return {"device": name, "torch": torch.__version__, "dtype": "bf16", "gemm_tflops": gemm,
-            "attention_tflops_fwd_bwd": attention, "seconds": round(time.perf_counter() - t0, 1),
-            "note": "gemm key MxKxN ([M,K]@[K,N]); attention key heads x kv_heads x head_dim x seq, batch 1, "
-                    "causal FLOPs counted once, backward = 2.5x forward FLOPs"}
+            rates[f"{heads}x{kv}x{head_dim}x{seq}"] = [_sig(flops / fwd_s / 1e12),
+                                                       _sig(2.5 * flops / max(both_s - fwd_s, 1e-9) / 1e12)]
+    return rates
