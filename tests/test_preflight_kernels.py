@@ -63,3 +63,16 @@ def test_preflight_cli_on_cpu_measures_the_table_when_asked(tmp_path):
     assert Path(kt["path"]).is_file() and kt["gemm_shapes"] > 0
     assert "kernel_table" not in result["measured_overrides"]
     assert load_table(kt["path"]).device == "cpu"
+
+
+def test_flash4_column_is_sdpas_rate_times_the_queued_ratio():
+    from trainperf.preflight.kernels import flash4_in_sdpa_frame
+
+    sdpa = {"32x32x128x2048": [330.0, 272.0], "32x32x128x8192": [595.0, 530.0]}
+    sdpa_queued = {"32x32x128x2048": [400.0, 340.0], "32x32x128x8192": [615.0, 536.0]}
+    fa4_queued = {"32x32x128x2048": [500.0, 400.0], "32x32x128x8192": [689.0, 621.0]}
+    col = flash4_in_sdpa_frame(sdpa, sdpa_queued, fa4_queued)
+    assert col["32x32x128x2048"] == pytest.approx([330.0 * 500 / 400, 272.0 * 400 / 340], rel=1e-3)
+    assert col["32x32x128x8192"] == pytest.approx([595.0 * 689 / 615, 530.0 * 621 / 536], rel=1e-3)
+    # a shape FA4 skipped (head dim not a multiple of 8) stays out of its column
+    assert set(flash4_in_sdpa_frame({**sdpa, "32x32x100x2048": [100.0, 100.0]}, sdpa_queued, fa4_queued)) == set(sdpa)
