@@ -166,3 +166,26 @@ def test_flash4_without_its_package_says_what_to_install(monkeypatch):
 
     monkeypatch.setattr(flash4.importlib.util, "find_spec", lambda name: None)
     assert "needs the flash-attn-4 package" in flash4.available()
+
+
+@pytest.mark.parametrize("mode, forwards", [("selective", 2), ("full", 4)])
+def test_recompute_keeps_or_reruns_the_flash4_op_as_the_policy_says(fake_fa4, mode, forwards):
+    """Selective recompute saves the op's outputs (one FA4 forward per layer); full recompute reruns
+    it in the backward (two per layer). Gradients match SDPA's either way."""
+    from trainperf.parallel.parallelize import apply_activation_checkpointing
+
+    cfg = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+                    max_position_embeddings=32)
+    torch.manual_seed(2)
+    sdpa = LlamaForCausalLM(cfg)
+    fa4 = copy.deepcopy(sdpa)
+    for layer in fa4.model.layers.values():
+        layer.self_attn.kernel = "flash4"
+    apply_activation_checkpointing(fa4, mode)
+    ids = torch.randint(0, 64, (2, 16))
+    for m in (sdpa, fa4):
+        m(ids).float().logsumexp(-1).sum().backward()
+    for (name, a), b in zip(sdpa.named_parameters(), fa4.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert [name for name, _ in fake_fa4].count("fwd") == forwards
+    assert [name for name, _ in fake_fa4].count("bwd") == 2
