@@ -550,6 +550,7 @@ def _validate_optimizer(t: TrainSpec) -> None:
 
 def validate(spec: RunSpec, world_size: int) -> None:
     """Raise SpecError on the first problem; call before any process is launched."""
+    check_choices(spec)  # names first: the layout's arithmetic reads some of them (pp_schedule)
     resolve_layout(spec, world_size)
     m, t, lo, d, e = spec.model, spec.train, spec.lora, spec.data, spec.eval
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
@@ -571,7 +572,6 @@ def validate(spec: RunSpec, world_size: int) -> None:
             f"train.global_batch_size={t.global_batch_size} is not divisible by data-parallel size {dp} x "
             f"micro_batch_size {t.micro_batch_size} = {dp * t.micro_batch_size}; use a multiple of {dp * t.micro_batch_size}"
         )
-    check_choices(spec)
     _validate_fp8(spec)
     _validate_attention(spec)
     _validate_optimizer(t)
