@@ -387,6 +387,11 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _runs_on_cpu(spec: RunSpec) -> bool:
+    """hardware.device=cpu, or auto on a machine without CUDA."""
+    return spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available())
+
+
 def stages_per_rank(p: ParallelSpec) -> int:
     """Pipeline stages each rank holds: parallel.pp_stages_per_rank, else 2 for Interleaved1F1B, else 1
     (1 without pipeline parallelism)."""
@@ -448,7 +453,7 @@ def validate_layout(spec: RunSpec) -> None:
         if spec.hardware.dtype == "fp32":
             raise SpecError("parallel.cp > 1 with hardware.dtype=fp32 hangs in PyTorch's ring attention "
                             "(fp32 takes the memory-efficient kernel; seen on torch 2.11 + H200); use hardware.dtype=auto (bf16)")
-        if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
+        if _runs_on_cpu(spec):
             raise SpecError("parallel.cp > 1 needs CUDA GPUs: in torch 2.13 context parallel attention has no "
                             "CPU kernels (no backward); use cp=1 on CPU")
         if t.compile:
@@ -505,7 +510,7 @@ def _validate_attention(spec: RunSpec) -> None:
     if spec.parallel.cp > 1:
         raise SpecError(f"hardware.attention=flash4 with parallel.cp={spec.parallel.cp} is not supported (context "
                         "parallel's ring attention runs SDPA); use hardware.attention=sdpa or parallel.cp=1")
-    if spec.hardware.device == "cpu" or (spec.hardware.device == "auto" and not _cuda_available()):
+    if _runs_on_cpu(spec):
         raise SpecError("hardware.attention=flash4 needs CUDA GPUs (Hopper or Blackwell); use hardware.attention=sdpa on CPU")
     if spec.hardware.dtype == "fp32":
         raise SpecError("hardware.attention=flash4 runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto "

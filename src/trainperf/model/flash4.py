@@ -16,7 +16,6 @@ fewer heads.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import warnings
 
@@ -42,13 +41,10 @@ def available(head_dim: int = 128) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _quiet_compiler():
-    """The CUTLASS DSL warns, on each kernel's first (JIT) compilation, that FA4's unused aux_data
-    argument is not a JIT argument (flash-attn-4 4.0.0b36 with nvidia-cutlass-dsl 4.8.1): noise."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
-        yield
+# The CUTLASS DSL warns, on each kernel's first (JIT) compilation, that FA4's unused aux_data argument
+# is not a JIT argument (flash-attn-4 4.0.0b36 with nvidia-cutlass-dsl 4.8.1): noise. Filtered once
+# here rather than around every call, which would reset the warnings machinery on the step's hot path.
+warnings.filterwarnings("ignore", message="Argument aux_data", category=UserWarning)
 
 
 @torch.library.custom_op("trainperf::flash4_attn", mutates_args=())
@@ -57,8 +53,7 @@ def flash4_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     """Attention output (b, s, h, d) and the row log-sum-exp (b, h, s, fp32) the backward needs."""
     from flash_attn.cute.interface import _flash_attn_fwd
 
-    with _quiet_compiler():
-        out, lse, *_ = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    out, lse, *_ = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
     return out, lse
 
 
@@ -74,8 +69,7 @@ def flash4_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                          causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from flash_attn.cute.interface import _flash_attn_bwd
 
-    with _quiet_compiler():
-        dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal)[:3]
+    dq, dk, dv = _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal)[:3]
     return dq, dk, dv
 
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.model.flash4 import causal_attention
 from trainperf.specs import ModelSpec
 
 
@@ -108,8 +109,6 @@ class Attention(nn.Module):
         k = k.view(bsz, seq, -1, self.head_dim)
         v = v.view(bsz, seq, -1, self.head_dim)
         if self.kernel == "flash4":  # (batch, seq, heads, head_dim) throughout: no transposes
-            from trainperf.model.flash4 import causal_attention
-
             cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
             out = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
             return self.o_proj(out.reshape(bsz, seq, -1))
