@@ -3,7 +3,8 @@
 Same GPU, same process, same shapes, random weights and tokens, LoRA r16 alpha 32 dropout 0.1 on
 q/k/v/o, micro-batch 1, AdamW on the adapters, gradient clipping. Prints tokens/s, model TFLOP/s,
 MFU (LoRA-aware FLOPs, trainperf.train.metrics) and peak memory for both, and the ratio.
-``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure.
+``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure;
+``--lora-kernel torch,fused`` once per LoRA input-side kernel (with both: every pair, attention outer).
 
     python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
 """
@@ -68,7 +69,7 @@ def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, wa
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                    compile_layers=False, fp8: str = "none", attention: str = "sdpa") -> dict:
+                    compile_layers=False, fp8: str = "none", attention: str = "sdpa", lora_kernel: str = "torch") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
@@ -79,6 +80,7 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
     spec.parallel.dp_shard = 1
     spec.hardware.fp8 = fp8
     spec.hardware.attention = attention
+    spec.hardware.lora_kernel = lora_kernel
     init_distributed("cuda")
     mesh = build_mesh(spec.parallel, "cuda")
     model = Engine(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda")).parts[0][1]
@@ -176,6 +178,9 @@ def main() -> int:
     ap.add_argument("--attention", default="sdpa",
                     help="trainperf's hardware.attention: sdpa, flash4 (FlashAttention-4's CuTe-DSL kernels), or "
                          "sdpa,flash4 for both, one after the other in this process; HF stays SDPA")
+    ap.add_argument("--lora-kernel", default="torch",
+                    help="trainperf's hardware.lora_kernel: torch, fused (dropout inside A's GEMM, one Triton kernel "
+                         "per shared input), or torch,fused for both in this process")
     ap.add_argument("--dropout", type=float, default=LORA.dropout,
                     help="LoRA dropout of both sides (default 0.1; 0 bounds what dropout costs)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -188,9 +193,14 @@ def main() -> int:
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
     common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
                   warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
-    kernels = args.attention.split(",")
-    sides = [("trainperf" if i == 0 else f"trainperf_{kernel}", bench_trainperf, dict(common, attention=kernel))
-             for i, kernel in enumerate(kernels)]
+    pairs = [(attention, lora_kernel) for attention in args.attention.split(",")
+             for lora_kernel in args.lora_kernel.split(",")]
+    sides = []
+    for attention, lora_kernel in pairs:
+        name = "trainperf" if not sides else f"trainperf_{attention}_{lora_kernel}"
+        while name in (side[0] for side in sides):  # a pair named twice (a repeat of the first, say)
+            name += "_again"
+        sides.append((name, bench_trainperf, dict(common, attention=attention, lora_kernel=lora_kernel)))
     sides += [] if args.no_hf else [("hf_peft", bench_hf_peft, common)]
     side_by_side(sides, shape=args.shape, seq=args.seq, flops_tok=flops_tok,
                  ratio_label="trainperf / HF+PEFT", json_path=args.json,

@@ -159,6 +159,10 @@ class HardwareSpec:
     # causal attention kernel: sdpa (PyTorch's SDPA, cuDNN first on GPU) | flash4 (FlashAttention-4's
     # CuTe-DSL kernels, model/flash4.py; Hopper/Blackwell, needs the flash-attn-4 package)
     attention: str = "sdpa"
+    # LoRA adapters' input side: torch (F.dropout, then A's GEMM, per adapter) | fused (one Triton
+    # kernel per input draws the dropout masks inside A's GEMM for every adapter reading it, q/k/v
+    # together; masks regenerated in the backward, not stored; model/lora_kernel.py; CUDA only)
+    lora_kernel: str = "torch"
     # host memory per node, GiB, that train.offload_layers may fill with pinned activations (half of
     # it, the rest left to the OS and the data); 0: this machine's own (/proc/meminfo)
     host_mem_gib: float = 0.0
@@ -499,6 +503,7 @@ def _validate_fp8(spec: RunSpec) -> None:
 
 
 ATTENTION_KERNELS = ("sdpa", "flash4")
+LORA_KERNELS = ("torch", "fused")
 
 
 def _validate_attention(spec: RunSpec) -> None:
@@ -526,6 +531,33 @@ def _validate_attention(spec: RunSpec) -> None:
         raise SpecError(why_not)
 
 
+def _validate_lora_kernel(spec: RunSpec) -> None:
+    """hardware.lora_kernel=fused: a LoRA run on CUDA GPUs with Triton, in bf16, without tensor
+    parallel (its adapters see DTensors), at an adapter rank the kernel's tiles take."""
+    if spec.hardware.lora_kernel == "torch":
+        return
+    if not spec.lora.enabled:
+        raise SpecError("hardware.lora_kernel=fused is for LoRA runs (lora.rank > 0); this run trains every "
+                        "parameter; use hardware.lora_kernel=torch")
+    if _runs_on_cpu(spec):
+        raise SpecError("hardware.lora_kernel=fused is a Triton kernel for CUDA GPUs; use hardware.lora_kernel=torch on CPU")
+    if spec.hardware.dtype == "fp32":
+        raise SpecError("hardware.lora_kernel=fused runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto "
+                        "or bf16, or hardware.lora_kernel=torch")
+    if spec.parallel.tp > 1:
+        raise SpecError(f"hardware.lora_kernel=fused with parallel.tp={spec.parallel.tp} is not supported (tensor "
+                        "parallel's adapters see DTensors); use hardware.lora_kernel=torch or parallel.tp=1")
+    rank = spec.lora.rank
+    if rank < 16 or rank & (rank - 1):
+        raise SpecError(f"hardware.lora_kernel=fused takes lora.rank 16, 32, 64, ... (a power of two >= 16); "
+                        f"got {rank}; use hardware.lora_kernel=torch")
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        raise SpecError("hardware.lora_kernel=fused needs the triton package (it ships with CUDA builds of torch); "
+                        "valid without it: hardware.lora_kernel=torch")
+
+
 def check_choices(spec: RunSpec) -> None:
     """The fields that take one of a fixed set of names: SpecError naming the field, the value and the
     valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
@@ -540,6 +572,7 @@ def check_choices(spec: RunSpec) -> None:
             ("hardware.frozen_dtype", h.frozen_dtype, ("auto", "fp32", "bf16", "fp8")),
             ("hardware.fp8", h.fp8, FP8_RECIPES),
             ("hardware.attention", h.attention, ATTENTION_KERNELS),
+            ("hardware.lora_kernel", h.lora_kernel, LORA_KERNELS),
             ("mlperf.division", spec.mlperf.division, ("open", "closed"))):
         if value not in valid:
             raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
@@ -579,6 +612,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
         )
     _validate_fp8(spec)
     _validate_attention(spec)
+    _validate_lora_kernel(spec)
     _validate_optimizer(t)
     if spec.hardware.host_mem_gib < 0:
         raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.model.flash4 import causal_attention
+from trainperf.model.lora import project
 from trainperf.specs import ModelSpec
 
 
@@ -103,7 +104,7 @@ class Attention(nn.Module):
             unit = qkv.shape[-1] // (self.n_heads + 2 * self.n_kv)
             q, k, v = qkv.split([self.n_heads * unit, self.n_kv * unit, self.n_kv * unit], dim=-1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
         # -1 rather than n_heads so that a tensor-parallel shard with fewer local heads still works
         q = q.view(bsz, seq, -1, self.head_dim)
         k = k.view(bsz, seq, -1, self.head_dim)
@@ -132,7 +133,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

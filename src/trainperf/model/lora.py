@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.model.float8 import frozen_linear
+from trainperf.model.lora_kernel import MAX_ADAPTERS, shared_input_lora_a
 from trainperf.specs import LoRASpec
 
 
@@ -62,15 +63,55 @@ class LoRALinear(nn.Module):
         self.dropout = dropout
         self.scaling = alpha / rank
         self._float8 = None  # (mm config, torchao config) once hardware.fp8 is applied (model/float8.py)
+        # hardware.lora_kernel: torch (F.dropout, then A's GEMM) or fused (model/lora_kernel.py); set by
+        # parallelize.apply_lora_kernel
+        self.kernel = "torch"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_kernel_applies(x, (self,)):
+            return fused_outputs(x, (self,))[0]
         dropped = lora_dropout(x, self.dropout, self.training)
         # Under FSDP2 the adapters arrive in the compute dtype already (a no-op here); a one-process
         # run without FSDP (parallelize.py) keeps fp32 adapters next to a bf16 base, and the cast is
         # then FSDP2's mixed precision: bf16 GEMMs, gradients back to the fp32 masters through it.
-        a, b = self.lora_A.weight.to(x.dtype), self.lora_B.weight.to(x.dtype)
-        base = frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
-        return base + F.linear(F.linear(dropped, a), b) * self.scaling
+        a = self.lora_A.weight.to(x.dtype)
+        return self.base(x) + self.adapter_b(F.linear(dropped, a))
+
+    def base(self, x: torch.Tensor) -> torch.Tensor:
+        return frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
+
+    def adapter_b(self, h: torch.Tensor) -> torch.Tensor:
+        """The adapter's second half on A's output ``h``: (alpha / r) * B h."""
+        return F.linear(h, self.lora_B.weight.to(h.dtype)) * self.scaling
+
+
+def fused_kernel_applies(x: torch.Tensor, modules) -> bool:
+    """Whether ``modules``, all reading ``x``, take the fused kernel together: LoRA layers set to it,
+    training with dropout (without dropout A's GEMM alone is what the kernel would do), one rank and
+    dropout, at most four (one Philox call each), on a plain tensor and without module hooks (tensor
+    parallel's hooks would turn x into a DTensor inside each module's call; validation refuses the pair)."""
+    from torch.distributed.tensor import DTensor
+
+    first = modules[0]
+    return (len(modules) <= MAX_ADAPTERS and not isinstance(x, DTensor)
+            and all(isinstance(m, LoRALinear) and m.kernel == "fused" and m.training and m.dropout > 0
+                    and m.dropout == first.dropout and m.lora_A.out_features == first.lora_A.out_features
+                    and not (m._forward_pre_hooks or m._forward_hooks) for m in modules))
+
+
+def fused_outputs(x: torch.Tensor, modules) -> list[torch.Tensor]:
+    """Each LoRA layer's output for the shared input x, the adapters' A side in one kernel call."""
+    h = shared_input_lora_a(x, [m.lora_A.weight for m in modules], modules[0].dropout)
+    rank = modules[0].lora_A.out_features
+    return [m.base(x) + m.adapter_b(h[..., i * rank:(i + 1) * rank]) for i, m in enumerate(modules)]
+
+
+def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
+    """``[m(x) for m in modules]`` for projections that read the same x (q, k, v; gate, up): LoRA layers
+    on the fused kernel share one pass over x for their adapters' dropout and A."""
+    if fused_kernel_applies(x, modules):
+        return fused_outputs(x, modules)
+    return [m(x) for m in modules]
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:

@@ -229,6 +229,16 @@ def apply_attention_kernel(model: nn.Module, kernel: str) -> None:
         layer.self_attn.kernel = kernel
 
 
+def apply_lora_kernel(model: nn.Module, kernel: str) -> None:
+    """hardware.lora_kernel: how each LoRA layer runs its adapter's dropout and A (model/lora.py, the
+    fused kernel in model/lora_kernel.py). Validation has refused fused with tensor parallel."""
+    from trainperf.model.lora import LoRALinear
+
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            module.kernel = kernel
+
+
 # ---------------------------------------------------------------------------------------------
 # 4. Activation checkpointing, 5. compile
 
@@ -244,7 +254,10 @@ def _selective_policy(adapter_rank: int | None = None):
                       torch.ops.aten._scaled_dot_product_efficient_attention.default,
                       torch.ops.aten._scaled_dot_product_cudnn_attention.default,
                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-                      torch.ops.trainperf.flash4_attn.default}
+                      torch.ops.trainperf.flash4_attn.default,
+                      # the fused LoRA kernel's output is (tokens, adapters x rank): saving it costs
+                      # little, recomputing it a pass over x; its seed is saved below
+                      torch.ops.trainperf.lora_dropout_a.default}
 
     def is_adapter_gemm(op, args) -> bool:
         if adapter_rank is None or op not in matmuls:
@@ -262,8 +275,13 @@ def _selective_policy(adapter_rank: int | None = None):
     def is_boolean_mask_draw(op, args) -> bool:
         return op in random_draws and bool(args) and getattr(args[0], "dtype", None) == torch.bool
 
+    # the fused LoRA kernel's seed (model/lora_kernel.py): 8 bytes; kept, the backward regenerates
+    # exactly the forward's masks whether or not the recomputation replays the generator
+    seed_draws = {torch.ops.aten.randint.low}
+
     def policy(ctx, op, *args, **kwargs):
-        if (op in save and not is_adapter_gemm(op, args)) or is_boolean_mask_draw(op, args):
+        if ((op in save and not is_adapter_gemm(op, args)) or is_boolean_mask_draw(op, args)
+                or op in seed_draws):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -402,6 +420,7 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     p, tr = spec.parallel, spec.train
     apply_float8(model, spec.hardware.fp8, emulate=mesh.device_type != "cuda")  # no float8 GEMMs off GPU
     apply_attention_kernel(model, spec.hardware.attention)
+    apply_lora_kernel(model, spec.hardware.lora_kernel)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
     if p.cp > 1:

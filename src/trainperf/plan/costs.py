@@ -171,14 +171,17 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     attn = (2.0 * (2 * q_out + 2 * kv_out) + 4.0 * heads) / t  # q, k, v, output (bf16) + log-sum-exp (fp32)
     adapters_a = 2.0 * lo.rank * len(targets)  # A's output, B's input (replicated: tiny)
     mlp = 2.0 * (2 if compiled else 3) * f / t  # gate, up (+ SiLU(gate) in eager)
-    mlp += 2.0 * f / t if trains_base or ("down_proj" in targets and lo.dropout == 0) else 0.0
+    # the fused LoRA kernel (hardware.lora_kernel=fused) keeps A's input, not a mask and a dropped copy
+    # per adapter: as without dropout
+    keeps_input = lo.dropout == 0 or spec.hardware.lora_kernel == "fused"
+    mlp += 2.0 * f / t if trains_base or ("down_proj" in targets and keeps_input) else 0.0
     # inputs kept for weight gradients: q/k/v's (gathered under TP) and gate/up's; o reads attention's
     # output (already kept), down reads SiLU(gate)*up (counted in mlp)
-    attn_in = trains_base or (lo.dropout == 0 and any(n in targets for n in ("q_proj", "k_proj", "v_proj", "qkv_proj")))
-    mlp_in = trains_base or (lo.dropout == 0 and any(n in targets for n in ("gate_proj", "up_proj")))
+    attn_in = trains_base or (keeps_input and any(n in targets for n in ("q_proj", "k_proj", "v_proj", "qkv_proj")))
+    mlp_in = trains_base or (keeps_input and any(n in targets for n in ("gate_proj", "up_proj")))
     inputs = 2.0 * h * (attn_in + mlp_in)
     dropout = 0.0
-    if lo.enabled and lo.dropout > 0:  # per adapter: its mask and the dropped copy A keeps
+    if lo.enabled and not keeps_input:  # per adapter: its mask and the dropped copy A keeps
         mask = 1.0 if compiled else mask_bytes
         dropout = sum((mask + 2.0) * proj[n][0] / (1 if proj[n][2] else t) for n in targets)
     return norms + attn + mlp + inputs + adapters_a + dropout

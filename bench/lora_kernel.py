@@ -1,0 +1,115 @@
+"""LoRA's input side alone, side by side: per-adapter F.dropout + A's GEMM (what PEFT and
+hardware.lora_kernel=torch run) against the fused Triton kernel (hardware.lora_kernel=fused), forward
+and forward + backward, on one GPU, same shapes, one process; ratio printed.
+
+The fused kernel's masks are checked bit for bit against the PyTorch Philox reference
+(model/lora_kernel.py), and its outputs and gradients against the same math done with those masks.
+
+    python bench/lora_kernel.py [--tokens 8192] [--width 4096] [--adapters 3] [--rank 16] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from trainperf.model.lora_kernel import keep_masks, lora_dropout_a, shared_input_lora_a
+
+
+def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def unfused(x, weights, p):
+    return torch.cat([F.linear(F.dropout(x, p, True), w) for w in weights], dim=-1)
+
+
+def check(x, weights, p) -> dict:
+    """The kernel against the Philox reference's masks: h, dx and each dA."""
+    n, r = len(weights), weights[0].shape[0]
+    a = torch.cat(weights).detach()
+    seed = torch.tensor([0x123456789ABCDEF], dtype=torch.int64, device=x.device)
+    xg, ag = x.detach().clone().requires_grad_(), a.clone().requires_grad_()
+    h = lora_dropout_a(xg, ag, seed, p, n)
+    dh = torch.randn_like(h)
+    h.backward(dh)
+    masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p, x.device)
+    xr, ar = x.detach().float().requires_grad_(), a.float().requires_grad_()
+    ref = torch.cat([(xr * m / (1 - p)).to(x.dtype).float() @ ai.t() for m, ai in zip(masks, ar.chunk(n))], dim=-1)
+    ref.backward(dh.float())
+
+    def rel(got, want):
+        return ((got.float() - want).abs().max() / want.abs().max()).item()
+
+    return {"h_rel_err": rel(h, ref), "dx_rel_err": rel(xg.grad, xr.grad), "da_rel_err": rel(ag.grad, ar.grad),
+            "keep_fraction": [round(m.float().mean().item(), 5) for m in masks], "rank": r}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--adapters", type=int, default=3, help="adapters reading the same input (q, k, v: 3)")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/lora_kernel.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    dev, p = "cuda", args.dropout
+    x = torch.randn(args.tokens, args.width, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    weights = [(torch.randn(args.rank, args.width, device=dev, dtype=torch.bfloat16) * 0.02).requires_grad_()
+               for _ in range(args.adapters)]
+    result = {"bench": "lora_kernel", "args": vars(args), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "check": check(x, weights, p)}
+    dh = torch.randn(args.tokens, args.rank * args.adapters, device=dev, dtype=torch.bfloat16)
+
+    def forward_backward(fn):
+        def run():
+            h = fn(x, weights, p)
+            h.backward(dh)
+            x.grad = None
+            for w in weights:
+                w.grad = None
+        return run
+
+    with torch.no_grad():
+        result["torch_fwd_ms"] = median_ms(lambda: unfused(x, weights, p))
+        result["fused_fwd_ms"] = median_ms(lambda: shared_input_lora_a(x, weights, p))
+    result["torch_fwd_bwd_ms"] = median_ms(forward_backward(unfused))
+    result["fused_fwd_bwd_ms"] = median_ms(forward_backward(shared_input_lora_a))
+    for part in ("fwd", "fwd_bwd"):
+        result[f"ratio_{part}"] = result[f"torch_{part}_ms"] / result[f"fused_{part}_ms"]
+    gib = args.tokens * args.width * 2 / 2**30
+    print(f"{args.adapters} adapters of rank {args.rank} on x {args.tokens} x {args.width} bf16 ({gib:.3f} GiB), "
+          f"dropout {p}, {result['gpu']}")
+    print(f"  forward:            torch {result['torch_fwd_ms']:.3f} ms   fused {result['fused_fwd_ms']:.3f} ms   "
+          f"ratio {result['ratio_fwd']:.2f}x")
+    print(f"  forward + backward: torch {result['torch_fwd_bwd_ms']:.3f} ms   fused {result['fused_fwd_bwd_ms']:.3f} ms   "
+          f"ratio {result['ratio_fwd_bwd']:.2f}x")
+    print(f"  check against the Philox reference: {result['check']}")
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

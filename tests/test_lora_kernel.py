@@ -1,0 +1,286 @@
+"""CPU tests of hardware.lora_kernel=fused: the Philox generator against its published answers, the
+masks' distribution, the op's backward against autograd of the same math, the model's grouping of
+q/k/v, recomputation and torch.compile drawing the forward's masks again, validation and the
+planner's memory. The Triton kernels themselves run on a GPU (tests/test_gpu.py) or, where Triton is
+installed, under its CPU interpreter (the last test here)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainperf.model import lora_kernel
+from trainperf.model.llama import LlamaForCausalLM
+from trainperf.model.lora import LoRALinear, apply_lora, fused_kernel_applies
+from trainperf.model.lora_kernel import keep_masks, lora_dropout_a, philox4x32_rounds
+from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_lora_kernel
+from trainperf.specs import LoRASpec, ModelSpec, RunSpec, SpecError, check_choices, validate
+
+
+def _words(*values):
+    return [torch.tensor([v], dtype=torch.int64) for v in values]
+
+
+@pytest.mark.parametrize("counter, key, expected", [
+    # Random123's known-answer tests for philox4x32_10 (kat_vectors)
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_matches_random123s_known_answers(counter, key, expected):
+    out = philox4x32_rounds(*_words(*counter), *key)
+    assert [int(w) for w in out] == list(expected)
+
+
+def test_masks_keep_one_minus_p_independently_per_adapter():
+    """Four masks from one seed: each keeps 90% (within 5 sigma over 2**18 elements), pairs keep
+    together 81% (independent), and another seed draws other masks."""
+    rows, cols, p = 512, 512, 0.1
+    masks = keep_masks(987654321, rows, cols, 4, p)
+    n = rows * cols
+    sigma = (p * (1 - p) / n) ** 0.5
+    for m in masks:
+        assert abs(m.float().mean().item() - 0.9) < 5 * sigma
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert abs((masks[i] & masks[j]).float().mean().item() - 0.81) < 5 * (0.81 * 0.19 / n) ** 0.5
+    assert not torch.equal(keep_masks(987654322, rows, cols, 1, p)[0], masks[0])
+    assert lora_kernel.drop_threshold(0.1) == round(0.1 * 2**32)
+
+
+def test_the_ops_backward_is_autograd_of_the_same_math():
+    torch.manual_seed(0)
+    x = torch.randn(24, 40, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(48, 40, dtype=torch.float64, requires_grad=True)
+    seed, p = torch.tensor([2**35 + 7]), 0.25
+    h = lora_dropout_a(x, a, seed, p, 3)
+    dh = torch.randn_like(h)
+    dx, da = torch.autograd.grad(h, (x, a), dh)
+    masks = keep_masks(2**35 + 7, 24, 40, 3, p)
+    ref = torch.cat([(x * m / (1 - p)) @ ai.t() for m, ai in zip(masks, a.chunk(3))], dim=-1)
+    rdx, rda = torch.autograd.grad(ref, (x, a), dh)
+    torch.testing.assert_close(h, ref)
+    torch.testing.assert_close(dx, rdx)
+    torch.testing.assert_close(da, rda)
+    assert (dx[~(masks[0] | masks[1] | masks[2])] == 0).all()  # dropped by all three: no gradient
+
+
+def test_the_op_traces_with_shapes_from_its_fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, a, seed = torch.empty(10, 64), torch.empty(48, 64), torch.empty(1, dtype=torch.int64)
+        h = torch.ops.trainperf.lora_dropout_a(x, a, seed, 0.1, 3)
+        dx, da = torch.ops.trainperf.lora_dropout_a_backward(h, x, a, seed, 0.1, 3)
+    assert (h.shape, dx.shape, da.shape) == ((10, 48), (10, 64), (48, 64))
+
+
+CFG = ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                max_position_embeddings=32)
+
+
+def _lora_model(targets=("q_proj", "k_proj", "v_proj", "o_proj"), rank=16, dropout=0.1, cfg=CFG):
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(cfg)
+    apply_lora(model, LoRASpec(rank=rank, alpha=32.0, dropout=dropout, target_modules=list(targets)))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # B starts at zero: give the adapters a gradient path through A
+    return model
+
+
+def _grads(model, ids, seed=11):
+    torch.manual_seed(seed)
+    loss = model(ids).float().logsumexp(-1).mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_model_groups_q_k_v_and_matches_explicit_masks(monkeypatch):
+    """With the fused kernel, q/k/v share one op call (three masks from one seed), o and the MLP's
+    adapters get their own; loss and every adapter gradient equal autograd through explicit masks."""
+    calls = []
+    real = lora_kernel.lora_dropout_a
+
+    def recording(x, a, seed, p, n):
+        calls.append(n)
+        return real(x, a, seed, p, n)
+
+    def explicit(x, a, seed, p, n):
+        masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p)
+        return torch.cat([(x * m / (1 - p)) @ ai.t() for m, ai in zip(masks, a.chunk(n))], dim=-1)
+
+    model = _lora_model(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    apply_lora_kernel(model, "fused")
+    ids = torch.randint(0, 64, (2, 16))
+    monkeypatch.setattr(lora_kernel, "lora_dropout_a", recording)
+    loss, grads = _grads(model, ids)
+    assert calls == [3, 1, 2, 1] * 2  # per layer: q/k/v, o, gate/up, down
+    model.zero_grad()
+    monkeypatch.setattr(lora_kernel, "lora_dropout_a", explicit)
+    ref_loss, ref_grads = _grads(model, ids)
+    torch.testing.assert_close(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys() and any("lora_A" in n for n in grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], msg=name)
+
+
+def test_fused_drops_what_dropout_would_on_average():
+    """Eval and dropout 0 take the plain path; the fused path's mean output over many draws is the
+    undropped output (unbiased scaling)."""
+    model = _lora_model()
+    apply_lora_kernel(model, "fused")
+    q = model.model.layers["0"].self_attn.q_proj
+    x = torch.randn(4, 8, 64)
+    q.eval()
+    assert not fused_kernel_applies(x, (q,))
+    clean = q(x)
+    q.train()
+    assert fused_kernel_applies(x, (q,))
+    mean = torch.stack([q(x) for _ in range(400)]).mean(0)
+    spread = (clean - q.base(x)).abs().mean()
+    assert ((mean - clean).abs().mean() / spread) < 0.1
+    q.dropout = 0.0
+    assert not fused_kernel_applies(x, (q,))
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recomputation_redraws_the_forwards_masks(mode):
+    """Selective (the policy keeps the op's output and its seed) and full recompute (checkpoint replays
+    the generator) give the gradients of the run that keeps everything."""
+    ids = torch.randint(0, 64, (2, 16))
+    plain = _lora_model()
+    apply_lora_kernel(plain, "fused")
+    recomputed = copy.deepcopy(plain)
+    apply_activation_checkpointing(recomputed, mode)
+    loss, grads = _grads(plain, ids)
+    loss2, grads2 = _grads(recomputed, ids)
+    torch.testing.assert_close(loss2, loss)
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], msg=name)
+
+
+@pytest.mark.parametrize("mode", ["none", "selective"])
+def test_compiled_layers_draw_the_eager_masks(mode):
+    """Per-layer torch.compile (AOT autograd, as under Inductor) keeps the op one node and draws its
+    seed from the same generator: the eager model's loss and gradients."""
+    ids = torch.randint(0, 64, (2, 16))
+    eager = _lora_model()
+    apply_lora_kernel(eager, "fused")
+    compiled = copy.deepcopy(eager)
+    if mode != "none":
+        apply_activation_checkpointing(compiled, mode)
+    apply_compile(compiled, backend="aot_eager")
+    loss, grads = _grads(eager, ids)
+    loss2, grads2 = _grads(compiled, ids)
+    torch.testing.assert_close(loss2, loss)
+    for name in grads:
+        torch.testing.assert_close(grads2[name], grads[name], msg=name)
+
+
+def test_modules_with_hooks_or_mixed_ranks_are_not_grouped():
+    model = _lora_model()
+    apply_lora_kernel(model, "fused")
+    attn = model.model.layers["0"].self_attn
+    x = torch.randn(2, 4, 64)
+    assert fused_kernel_applies(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+    handle = attn.k_proj.register_forward_pre_hook(lambda mod, args: None)  # as tensor parallel's would
+    assert not fused_kernel_applies(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+    handle.remove()
+    attn.v_proj.kernel = "torch"
+    assert not fused_kernel_applies(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert not fused_kernel_applies(x, (attn.q_proj, torch.nn.Linear(64, 64)))
+    assert isinstance(attn.q_proj, LoRALinear)
+
+
+def _lora_spec(**hardware) -> RunSpec:
+    spec = RunSpec(workload="x", lora=LoRASpec(rank=16, alpha=32.0, dropout=0.1))
+    for key, value in hardware.items():
+        setattr(spec.hardware, key, value)
+    return spec
+
+
+def test_bad_lora_kernel_name_names_the_valid_ones():
+    with pytest.raises(SpecError, match=r"hardware.lora_kernel='triton': valid values are torch, fused"):
+        check_choices(_lora_spec(lora_kernel="triton"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(device="cpu"), "Triton kernel for CUDA GPUs.*hardware.lora_kernel=torch on CPU"),
+    (dict(dtype="fp32"), "runs bf16 only"),
+    (dict(tp=2), "parallel.tp=2 is not supported"),
+    (dict(rank=8), "lora.rank 16, 32, 64.*got 8"),
+    (dict(rank=0), "is for LoRA runs"),
+])
+def test_fused_lora_kernel_is_refused_where_it_cannot_run(change, message, monkeypatch):
+    from trainperf.specs import _validate_lora_kernel
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as if triton were installed
+    spec = _lora_spec(lora_kernel="fused", device="cuda")
+    if "device" in change or "dtype" in change:
+        for key, value in change.items():
+            setattr(spec.hardware, key, value)
+    if "tp" in change:
+        spec.parallel.tp = change["tp"]
+    if "rank" in change:
+        spec.lora.rank = change["rank"]
+    with pytest.raises(SpecError, match=message):
+        _validate_lora_kernel(spec)
+
+
+def test_fused_lora_kernel_on_cpu_fails_validation_in_one_line():
+    spec = _lora_spec(lora_kernel="fused", device="cpu")
+    with pytest.raises(SpecError) as err:
+        validate(spec, 1)
+    assert "\n" not in str(err.value)
+
+
+def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
+    """Per token and layer, the fused kernel's activations are those of a run without dropout: A's
+    inputs, not a mask and a dropped copy per adapter."""
+    from trainperf.plan.costs import activation_bytes_per_token_layer
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads.mini import synthetic_lora_defaults
+
+    spec = resolve_spec(synthetic_lora_defaults(), None, [])
+    torch_path = activation_bytes_per_token_layer(spec, compiled=True)
+    spec.hardware.lora_kernel = "fused"
+    fused = activation_bytes_per_token_layer(spec, compiled=True)
+    spec.hardware.lora_kernel, spec.lora.dropout = "torch", 0.0
+    no_dropout = activation_bytes_per_token_layer(spec, compiled=True)
+    h = spec.model.hidden_size
+    assert fused == no_dropout
+    assert torch_path - fused == pytest.approx(4 * 3 * h - 2 * h)  # 4 x (mask + copy) against x kept once
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed (CPU CI)")
+def test_triton_kernels_under_the_interpreter_match_the_reference():
+    """The Triton kernels, run by Triton's CPU interpreter: bit-identical masks (dx is zero exactly
+    where the reference drops), outputs and gradients to fp32 rounding; 1 to 4 adapters, ragged edges."""
+    script = """
+import torch
+from trainperf.model import lora_kernel, lora_triton
+torch.manual_seed(0)
+for rows, width, n, rank in ((70, 80, 3, 16), (33, 64, 1, 32), (64, 48, 4, 16)):
+    x, a = torch.randn(rows, width), torch.randn(n * rank, width) * 0.1
+    dh, seed = torch.randn(rows, n * rank), torch.tensor([2**33 + 99])
+    h = lora_triton.forward(x, a, seed, 0.1, n)
+    dx, da = lora_triton.backward(dh, x, a, seed, 0.1, n)
+    rh = lora_kernel.lora_dropout_a(x, a, seed, 0.1, n)
+    rdx, rda = lora_kernel.lora_dropout_a_backward(dh, x, a, seed, 0.1, n)
+    torch.testing.assert_close(h, rh, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(da, rda, rtol=1e-4, atol=1e-4)
+    assert torch.equal(dx == 0, rdx == 0)
+print("ok")
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
