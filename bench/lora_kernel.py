@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from trainperf.model.lora_kernel import keep_masks, lora_dropout_a, shared_input_lora_a
+from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, shared_input_lora_a
 
 
 def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
@@ -35,6 +35,21 @@ def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graphed(fn):
+    """``fn`` captured in a CUDA graph: its replay times the GPU work alone, without the host's
+    per-op dispatch, which for these sub-millisecond calls can exceed it (training's host runs ahead)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def unfused(x, weights, p):
     return torch.cat([F.linear(F.dropout(x, p, True), w) for w in weights], dim=-1)
 
@@ -45,12 +60,12 @@ def check(x, weights, p) -> dict:
     a = torch.cat(weights).detach()
     seed = torch.tensor([0x123456789ABCDEF], dtype=torch.int64, device=x.device)
     xg, ag = x.detach().clone().requires_grad_(), a.clone().requires_grad_()
-    h = lora_dropout_a(xg, ag, seed, p, n)
+    h, _bits = lora_dropout_a(xg, ag, seed, p, n)
     dh = torch.randn_like(h)
     h.backward(dh)
     masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p, x.device)
     xr, ar = x.detach().float().requires_grad_(), a.float().requires_grad_()
-    ref = torch.cat([(xr * m / (1 - p)).to(x.dtype).float() @ ai.t() for m, ai in zip(masks, ar.chunk(n))], dim=-1)
+    ref = torch.cat([(xr * m * keep_scale(p)).to(x.dtype).float() @ ai.t() for m, ai in zip(masks, ar.chunk(n))], dim=-1)
     ref.backward(dh.float())
 
     def rel(got, want):
@@ -90,20 +105,31 @@ def main() -> int:
                 w.grad = None
         return run
 
-    with torch.no_grad():
-        result["torch_fwd_ms"] = median_ms(lambda: unfused(x, weights, p))
-        result["fused_fwd_ms"] = median_ms(lambda: shared_input_lora_a(x, weights, p))
-    result["torch_fwd_bwd_ms"] = median_ms(forward_backward(unfused))
-    result["fused_fwd_bwd_ms"] = median_ms(forward_backward(shared_input_lora_a))
-    for part in ("fwd", "fwd_bwd"):
-        result[f"ratio_{part}"] = result[f"torch_{part}_ms"] / result[f"fused_{part}_ms"]
+    def forward_only(fn):
+        def run():
+            with torch.no_grad():
+                fn(x, weights, p)
+        return run
+
+    for side, fn in (("torch", unfused), ("fused", shared_input_lora_a)):
+        result[f"{side}_fwd_ms"] = median_ms(forward_only(fn))
+        result[f"{side}_fwd_bwd_ms"] = median_ms(forward_backward(fn))
+        try:
+            result[f"{side}_fwd_graph_ms"] = median_ms(graphed(forward_only(fn)))
+            result[f"{side}_fwd_bwd_graph_ms"] = median_ms(graphed(forward_backward(fn)))
+        except RuntimeError as err:  # a capture that fails says so, the eager figures stand
+            result[f"{side}_graph_error"] = str(err).splitlines()[0]
+    for part in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
+        if f"fused_{part}_ms" in result and f"torch_{part}_ms" in result:
+            result[f"ratio_{part}"] = result[f"torch_{part}_ms"] / result[f"fused_{part}_ms"]
     gib = args.tokens * args.width * 2 / 2**30
     print(f"{args.adapters} adapters of rank {args.rank} on x {args.tokens} x {args.width} bf16 ({gib:.3f} GiB), "
           f"dropout {p}, {result['gpu']}")
-    print(f"  forward:            torch {result['torch_fwd_ms']:.3f} ms   fused {result['fused_fwd_ms']:.3f} ms   "
-          f"ratio {result['ratio_fwd']:.2f}x")
-    print(f"  forward + backward: torch {result['torch_fwd_bwd_ms']:.3f} ms   fused {result['fused_fwd_bwd_ms']:.3f} ms   "
-          f"ratio {result['ratio_fwd_bwd']:.2f}x")
+    for part, label in (("fwd", "forward"), ("fwd_bwd", "forward + backward"), ("fwd_graph", "forward, CUDA graph"),
+                        ("fwd_bwd_graph", "forward + backward, CUDA graph")):
+        if f"ratio_{part}" in result:
+            print(f"  {label + ':':32s} torch {result[f'torch_{part}_ms']:.3f} ms   fused {result[f'fused_{part}_ms']:.3f} ms"
+                  f"   ratio {result[f'ratio_{part}']:.2f}x")
     print(f"  check against the Philox reference: {result['check']}")
     if args.json:
         with open(args.json, "a") as fh:

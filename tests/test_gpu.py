@@ -297,22 +297,23 @@ def test_fused_lora_kernel_matches_the_philox_reference(adapters):
     from trainperf.model.lora_kernel import lora_dropout_a
 
     torch.manual_seed(0)
-    x = torch.randn(1000, 4096, dtype=torch.bfloat16)
-    a = torch.randn(16 * adapters, 4096, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1000, 4100, dtype=torch.bfloat16)  # ragged: 4100 is no multiple of a column group
+    a = torch.randn(16 * adapters, 4100, dtype=torch.bfloat16) * 0.02
     dh = torch.randn(1000, 16 * adapters, dtype=torch.bfloat16)
     seed = torch.tensor([2**40 + 12345], dtype=torch.int64)
     got, want = {}, {}
-    for device, into in (("cuda", got), ("cpu", want)):
-        xg = x.to(device).float().to(torch.bfloat16).requires_grad_()
-        ag = a.to(device).requires_grad_()
-        h = lora_dropout_a(xg, ag, seed.to(device), 0.1, adapters)
-        h.backward(dh.to(device))
-        into.update(h=h.float().cpu(), dx=xg.grad.float().cpu(), da=ag.grad.float().cpu())
+    # the reference in fp32 from the same bf16 values: the kernel's only roundings are its outputs'
+    for device, dtype, into in (("cuda", torch.bfloat16, got), ("cpu", torch.float32, want)):
+        xg = x.to(device, dtype).requires_grad_()
+        ag = a.to(device, dtype).requires_grad_()
+        h, bits = lora_dropout_a(xg, ag, seed.to(device), 0.1, adapters)
+        h.backward(dh.to(device, dtype))
+        into.update(h=h.float().cpu(), dx=xg.grad.float().cpu(), da=ag.grad.float().cpu(), bits=bits.cpu())
+    assert torch.equal(got["bits"], want["bits"])  # Triton's Philox draws the reference's masks
     for name in ("h", "dx", "da"):
-        err = (got[name] - want[name]).abs().max() / want[name].abs().max()
-        assert err < 2e-2, (name, err)
-    # the dropped elements are where the reference drops them: dx is exactly zero there
-    assert torch.equal(got["dx"] == 0, want["dx"] == 0)
+        err = ((got[name] - want[name]).abs().max() / want[name].abs().max()).item()
+        assert err < 1e-2, (name, err)
+    assert torch.equal(got["dx"] == 0, want["dx"] == 0)  # dropped by every adapter: exactly no gradient
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

@@ -18,7 +18,7 @@ import torch
 from trainperf.model import lora_kernel
 from trainperf.model.llama import LlamaForCausalLM
 from trainperf.model.lora import LoRALinear, apply_lora, fused_kernel_applies
-from trainperf.model.lora_kernel import keep_masks, lora_dropout_a, philox4x32_rounds
+from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, philox4x32_rounds
 from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_lora_kernel
 from trainperf.specs import LoRASpec, ModelSpec, RunSpec, SpecError, check_choices, validate
 
@@ -52,7 +52,8 @@ def test_masks_keep_one_minus_p_independently_per_adapter():
         for j in range(i + 1, 4):
             assert abs((masks[i] & masks[j]).float().mean().item() - 0.81) < 5 * (0.81 * 0.19 / n) ** 0.5
     assert not torch.equal(keep_masks(987654322, rows, cols, 1, p)[0], masks[0])
-    assert lora_kernel.drop_threshold(0.1) == round(0.1 * 2**32)
+    assert lora_kernel.drop_threshold(0.1) == 6554  # of 2**16: keeps 58982 / 65536 = 0.899994
+    assert lora_kernel.keep_scale(0.1) == pytest.approx(65536 / 58982)
 
 
 def test_the_ops_backward_is_autograd_of_the_same_math():
@@ -60,16 +61,30 @@ def test_the_ops_backward_is_autograd_of_the_same_math():
     x = torch.randn(24, 40, dtype=torch.float64, requires_grad=True)
     a = torch.randn(48, 40, dtype=torch.float64, requires_grad=True)
     seed, p = torch.tensor([2**35 + 7]), 0.25
-    h = lora_dropout_a(x, a, seed, p, 3)
+    h, bits = lora_dropout_a(x, a, seed, p, 3)
     dh = torch.randn_like(h)
     dx, da = torch.autograd.grad(h, (x, a), dh)
     masks = keep_masks(2**35 + 7, 24, 40, 3, p)
-    ref = torch.cat([(x * m / (1 - p)) @ ai.t() for m, ai in zip(masks, a.chunk(3))], dim=-1)
+    ref = torch.cat([(x * m * keep_scale(p)) @ ai.t() for m, ai in zip(masks, a.chunk(3))], dim=-1)
     rdx, rda = torch.autograd.grad(ref, (x, a), dh)
     torch.testing.assert_close(h, ref)
     torch.testing.assert_close(dx, rdx)
     torch.testing.assert_close(da, rda)
     assert (dx[~(masks[0] | masks[1] | masks[2])] == 0).all()  # dropped by all three: no gradient
+    # the backward reads the forward's masks from 1-bit records, not from the generator
+    assert bits.dtype == torch.int32 and bits.shape == (24, 1, 8)
+    assert all(torch.equal(u, m) for u, m in zip(lora_kernel.unpack_keep_bits(bits, 3, 40), masks))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_keep_bits_round_trip_on_ragged_widths(n):
+    width = 100  # not a multiple of any column group
+    masks = keep_masks(5, 7, lora_kernel.padded_width(width, n), n, 0.5)
+    bits = lora_kernel.pack_keep_bits(masks, n)
+    assert bits.shape == (7, lora_kernel.counters_per_row(width, n) // 32, 8)
+    assert bits.dtype == torch.int32 and (bits < 0).any()  # bit 31 set somewhere: the sign wraps
+    back = lora_kernel.unpack_keep_bits(bits, n, width)
+    assert all(torch.equal(b, m[:, :width]) for b, m in zip(back, masks))
 
 
 def test_the_op_traces_with_shapes_from_its_fake():
@@ -77,9 +92,9 @@ def test_the_op_traces_with_shapes_from_its_fake():
 
     with FakeTensorMode():
         x, a, seed = torch.empty(10, 64), torch.empty(48, 64), torch.empty(1, dtype=torch.int64)
-        h = torch.ops.trainperf.lora_dropout_a(x, a, seed, 0.1, 3)
-        dx, da = torch.ops.trainperf.lora_dropout_a_backward(h, x, a, seed, 0.1, 3)
-    assert (h.shape, dx.shape, da.shape) == ((10, 48), (10, 64), (48, 64))
+        h, bits = torch.ops.trainperf.lora_dropout_a(x, a, seed, 0.1, 3)
+        dx, da = torch.ops.trainperf.lora_dropout_a_backward(h, x, a, bits, 0.1, 3)
+    assert (h.shape, bits.shape, dx.shape, da.shape) == ((10, 48), (10, 1, 8), (10, 64), (48, 64))
 
 
 CFG = ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -115,7 +130,7 @@ def test_the_model_groups_q_k_v_and_matches_explicit_masks(monkeypatch):
 
     def explicit(x, a, seed, p, n):
         masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p)
-        return torch.cat([(x * m / (1 - p)) @ ai.t() for m, ai in zip(masks, a.chunk(n))], dim=-1)
+        return torch.cat([(x * m * keep_scale(p)) @ ai.t() for m, ai in zip(masks, a.chunk(n))], dim=-1), None
 
     model = _lora_model(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
     apply_lora_kernel(model, "fused")
@@ -262,8 +277,9 @@ def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed (CPU CI)")
 def test_triton_kernels_under_the_interpreter_match_the_reference():
-    """The Triton kernels, run by Triton's CPU interpreter: bit-identical masks (dx is zero exactly
-    where the reference drops), outputs and gradients to fp32 rounding; 1 to 4 adapters, ragged edges."""
+    """The Triton kernels, run by Triton's CPU interpreter: bit-identical masks (the packed keep bits
+    equal, dx zero exactly where the reference drops), outputs and gradients to fp32 rounding; 1 to 4
+    adapters, ragged edges."""
     script = """
 import torch
 from trainperf.model import lora_kernel, lora_triton
@@ -271,10 +287,11 @@ torch.manual_seed(0)
 for rows, width, n, rank in ((70, 80, 3, 16), (33, 64, 1, 32), (64, 48, 4, 16)):
     x, a = torch.randn(rows, width), torch.randn(n * rank, width) * 0.1
     dh, seed = torch.randn(rows, n * rank), torch.tensor([2**33 + 99])
-    h = lora_triton.forward(x, a, seed, 0.1, n)
-    dx, da = lora_triton.backward(dh, x, a, seed, 0.1, n)
-    rh = lora_kernel.lora_dropout_a(x, a, seed, 0.1, n)
-    rdx, rda = lora_kernel.lora_dropout_a_backward(dh, x, a, seed, 0.1, n)
+    h, bits = lora_triton.forward(x, a, seed, 0.1, n)
+    dx, da = lora_triton.backward(dh, x, a, bits, 0.1, n)
+    rh, rbits = lora_kernel.lora_dropout_a(x, a, seed, 0.1, n)
+    rdx, rda = lora_kernel.lora_dropout_a_backward(dh, x, a, rbits, 0.1, n)
+    assert torch.equal(bits, rbits)
     torch.testing.assert_close(h, rh, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(da, rda, rtol=1e-4, atol=1e-4)

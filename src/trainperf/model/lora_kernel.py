@@ -59,50 +59,136 @@ def philox4x32(counter: torch.Tensor, seed: int) -> list[torch.Tensor]:
     return philox4x32_rounds(c0, zero, zero, zero, seed & MASK32, (seed >> 32) & MASK32)
 
 
+WORD_BITS = 16  # one keep/drop decision per 16-bit half word: eight per Philox call
+SEGMENT = 32  # columns per Philox counter run; a row's columns come in groups of SEGMENT * elements_per_call
+
+
 def drop_threshold(p: float) -> int:
-    """A word >= this keeps its element: keep probability 1 - p to within 2**-32."""
-    return min(round(p * 2**32), 2**32 - 1)
+    """A 16-bit half word >= this keeps its element."""
+    return min(round(p * 2**WORD_BITS), 2**WORD_BITS - 1)
+
+
+def keep_scale(p: float) -> float:
+    """1 / (keep probability): the keep probability is 1 - threshold / 2**16 (p = 0.1: 0.899994), and
+    scaling by its exact inverse keeps the expectation exact."""
+    return 2**WORD_BITS / (2**WORD_BITS - drop_threshold(p))
+
+
+def slots_per_element(n: int) -> int:
+    """Half words one element takes for n adapters: n rounded up to a power of two (1, 2, 4, 4)."""
+    return 1 if n == 1 else 2 if n == 2 else 4
+
+
+def counters_per_row(width: int, n: int) -> int:
+    group = SEGMENT * (8 // slots_per_element(n))  # the columns one run of SEGMENT counters covers
+    return -(-width // group) * SEGMENT
 
 
 def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -> list[torch.Tensor]:
-    """The n boolean keep masks (rows x cols) the kernels draw for ``seed``."""
-    if rows * cols > 2**32:
-        raise ValueError(f"the fused LoRA kernel numbers elements in 32 bits; {rows} x {cols} is more")
-    counter = torch.arange(rows * cols, device=device, dtype=torch.int64).view(rows, cols)
+    """The n boolean keep masks (rows x cols) the kernels draw for ``seed``.
+
+    A row's columns come in groups of SEGMENT x E (E = 8 / slots_per_element(n) elements per Philox
+    call); column c of group g, at position e * SEGMENT + j inside it, takes counter
+    row * counters_per_row + g * SEGMENT + j, and adapter i its half word e * slots + i of that call
+    (word (e * slots + i) // 2, low half first). Each kernel program draws one run of SEGMENT counters
+    for E x SEGMENT contiguous columns: no shuffling of random words between lanes."""
+    per_row = counters_per_row(cols, n)
+    if rows * per_row > 2**32:
+        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {rows} x {cols} needs more")
+    slots = slots_per_element(n)
+    group = SEGMENT * (8 // slots)
+    col = torch.arange(cols, device=device, dtype=torch.int64)
+    e, j = (col % group) // SEGMENT, col % SEGMENT
+    counter = (torch.arange(rows, device=device, dtype=torch.int64)[:, None] * per_row
+               + ((col // group) * SEGMENT + j)[None, :])
+    words = philox4x32(counter, seed)
     threshold = drop_threshold(p)
-    return [word >= threshold for word in philox4x32(counter, seed)[:n]]
+    masks = []
+    for i in range(n):
+        slot = e * slots + i  # per column
+        word = _pick(words, slot // 2)
+        half = (word >> (WORD_BITS * (slot % 2))[None, :]) & (2**WORD_BITS - 1)
+        masks.append(half >= threshold)
+    return masks
+
+
+def _pick(words: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
+    """words[index[c]][:, c] for each column c."""
+    stacked = torch.stack(words)  # (4, rows, cols)
+    return stacked.gather(0, index[None, None, :].expand(1, stacked.shape[1], -1))[0]
+
+
+SLOTS = 8  # half words per Philox call: one packed word of keep bits per slot, row and column group
+
+
+def padded_width(width: int, n: int) -> int:
+    """Columns the kernels draw for: whole column groups."""
+    return counters_per_row(width, n) * (8 // slots_per_element(n))
+
+
+def pack_keep_bits(masks: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The kernels' record of the forward's masks (each rows x padded_width): int32 (rows, groups,
+    SLOTS); bit j of [row, g, e * slots + i] is adapter i's keep of column g * group + e * SEGMENT + j.
+    1 bit per element and adapter (3 x 4 MiB for q/k/v over 8192 x 4096), where F.dropout keeps a byte."""
+    rows, width = masks[0].shape
+    slots = slots_per_element(n)
+    per_group = 8 // slots
+    groups = width // (SEGMENT * per_group)
+    weights = 2 ** torch.arange(SEGMENT, device=masks[0].device, dtype=torch.int64)
+    bits = torch.zeros(rows, groups, SLOTS, dtype=torch.int64, device=masks[0].device)
+    for i, mask in enumerate(masks):
+        runs = mask.view(rows, groups, per_group, SEGMENT).to(torch.int64)
+        bits[:, :, [e * slots + i for e in range(per_group)]] = (runs * weights).sum(-1)
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+
+
+def unpack_keep_bits(bits: torch.Tensor, n: int, width: int) -> list[torch.Tensor]:
+    """pack_keep_bits' inverse, trimmed to ``width`` columns."""
+    rows, groups, _ = bits.shape
+    slots = slots_per_element(n)
+    per_group = 8 // slots
+    shifts = torch.arange(SEGMENT, device=bits.device, dtype=torch.int32)
+    unpacked = (bits[..., None] >> shifts) & 1  # (rows, groups, SLOTS, SEGMENT)
+    return [unpacked[:, :, [e * slots + i for e in range(per_group)]].reshape(rows, -1)[:, :width].bool()
+            for i in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------
-# the op: h = [dropout_i(x) @ a_i^T for each adapter i], concatenated along the last dim
+# the op: h = [dropout_i(x) @ a_i^T for each adapter i], concatenated along the last dim, and the masks'
+# bits for the backward
 
 @torch.library.custom_op("trainperf::lora_dropout_a", mutates_args=())
-def lora_dropout_a(x: torch.Tensor, a: torch.Tensor, seed: torch.Tensor, p: float, n: int) -> torch.Tensor:
-    """x: (M, K); a: (n * r, K), the adapters' A weights stacked; seed: int64 (1,). Returns (M, n * r)."""
+def lora_dropout_a(x: torch.Tensor, a: torch.Tensor, seed: torch.Tensor, p: float,
+                   n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: (M, K); a: (n * r, K), the adapters' A weights stacked; seed: int64 (1,). Returns h (M, n * r)
+    and the keep bits (pack_keep_bits)."""
     if x.is_cuda:
         from trainperf.model.lora_triton import forward
 
         return forward(x, a, seed, p, n)
-    masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p, x.device)
-    scale = 1.0 / (1.0 - p)
-    return torch.cat([(x * mask * scale) @ a_i.t() for mask, a_i in zip(masks, a.chunk(n))], dim=-1)
+    padded = keep_masks(int(seed.item()), x.shape[0], padded_width(x.shape[1], n), n, p, x.device)
+    masks = [m[:, :x.shape[1]] for m in padded]
+    scale = keep_scale(p)
+    h = torch.cat([(x * mask * scale) @ a_i.t() for mask, a_i in zip(masks, a.chunk(n))], dim=-1)
+    return h, pack_keep_bits(padded, n)
 
 
 @lora_dropout_a.register_fake
 def _(x, a, seed, p, n):
-    return x.new_empty(x.shape[0], a.shape[0])
+    groups = counters_per_row(x.shape[1], n) // SEGMENT
+    return x.new_empty(x.shape[0], a.shape[0]), x.new_empty(x.shape[0], groups, SLOTS, dtype=torch.int32)
 
 
 @torch.library.custom_op("trainperf::lora_dropout_a_backward", mutates_args=())
-def lora_dropout_a_backward(dh: torch.Tensor, x: torch.Tensor, a: torch.Tensor, seed: torch.Tensor,
+def lora_dropout_a_backward(dh: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bits: torch.Tensor,
                             p: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of x (M, K; all adapters' contributions summed) and of a (n * r, K)."""
     if x.is_cuda:
         from trainperf.model.lora_triton import backward
 
-        return backward(dh, x, a, seed, p, n)
-    masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p, x.device)
-    scale = 1.0 / (1.0 - p)
+        return backward(dh, x, a, bits, p, n)
+    masks = unpack_keep_bits(bits, n, x.shape[1])
+    scale = keep_scale(p)
     dx = torch.zeros_like(x)
     da = []
     for mask, a_i, dh_i in zip(masks, a.chunk(n), dh.chunk(n, dim=-1)):
@@ -112,19 +198,19 @@ def lora_dropout_a_backward(dh: torch.Tensor, x: torch.Tensor, a: torch.Tensor, 
 
 
 @lora_dropout_a_backward.register_fake
-def _(dh, x, a, seed, p, n):
+def _(dh, x, a, bits, p, n):
     return torch.empty_like(x), torch.empty_like(a)
 
 
 def _setup_context(ctx, inputs, output):
-    x, a, seed, p, n = inputs
-    ctx.save_for_backward(x, a, seed)
+    x, a, _seed, p, n = inputs
+    ctx.save_for_backward(x, a, output[1])
     ctx.p, ctx.n = p, n
 
 
-def _backward(ctx, dh):
-    x, a, seed = ctx.saved_tensors
-    dx, da = lora_dropout_a_backward(dh.contiguous(), x, a, seed, ctx.p, ctx.n)
+def _backward(ctx, dh, _dbits):
+    x, a, bits = ctx.saved_tensors
+    dx, da = lora_dropout_a_backward(dh.contiguous(), x, a, bits, ctx.p, ctx.n)
     return dx, da, None, None, None
 
 
@@ -140,5 +226,5 @@ def shared_input_lora_a(x: torch.Tensor, weights: list[torch.Tensor], p: float) 
     lead, width = x.shape[:-1], x.shape[-1]
     a = torch.cat([w.to(x.dtype) for w in weights]) if n > 1 else weights[0].to(x.dtype)
     seed = torch.randint(0, 2**62, (1,), device=x.device, dtype=torch.int64)
-    h = lora_dropout_a(x.reshape(-1, width), a, seed, p, n)
+    h, _bits = lora_dropout_a(x.reshape(-1, width), a, seed, p, n)
     return h.view(*lead, a.shape[0])

@@ -13,123 +13,195 @@ import torch
 import triton
 import triton.language as tl
 
-from trainperf.model.lora_kernel import drop_threshold
+from trainperf.model.lora_kernel import SEGMENT, SLOTS, counters_per_row, drop_threshold, keep_scale, slots_per_element
 
-FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-               for bm, bk, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (32, 128, 4, 4))]
-BACKWARD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-               for bm, bk, w, s in ((64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3))]
+# a few shapes per kernel; the split counts (launch parameters) fill the GPU: PROGRAMS_WANTED programs
+# Block sizes from a sweep on one H200 (7B shapes, x 8192 x 4096; docs/PERFORMANCE.md, thirteenth
+# session): the Philox state of a (BLOCK_M, 32) tile of counters is four words per counter, so small
+# row blocks win; the autotuner picks among the best three per kernel
+FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 2), (32, 4), (64, 8))]
+BACKWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 4), (64, 4), (64, 8))]
+GROUPS_PER_PROGRAM = 8  # forward: column groups one program walks (8192 x 4096, q/k/v: 8 splits, 0.13 ms)
+BACKWARD_PROGRAMS = 512  # backward: column groups x row splits (q/k/v: 64 x 8, 0.17 ms)
+
 
 @triton.jit
-def keep_words(seed, rows, cols, K):
-    return tl.randint4x(seed, rows[:, None] * K + cols[None, :])
+def half_word_keeps(w0, w1, w2, w3, SLOT: tl.constexpr, threshold):
+    """Half word SLOT (0..7: word SLOT // 2, low half first) of one Philox call >= threshold."""
+    if SLOT // 2 == 0:
+        w = w0
+    elif SLOT // 2 == 1:
+        w = w1
+    elif SLOT // 2 == 2:
+        w = w2
+    else:
+        w = w3
+    if SLOT % 2 == 1:
+        w = w >> 16
+    return (w & 0xFFFF).to(tl.int32) >= threshold
+
 
 @triton.jit
-def forward_kernel(x_ptr, a_ptr, h_ptr, seed_ptr, M, K, stride_xm, threshold, scale,
-                   N: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def add_to_slot(SLOT: tl.constexpr, value, d0, d1, d2, d3, d4, d5, d6, d7):
+    """d[SLOT] += value (Triton has no indexable register arrays; SLOT is static)."""
+    if SLOT == 0:
+        d0 += value
+    elif SLOT == 1:
+        d1 += value
+    elif SLOT == 2:
+        d2 += value
+    elif SLOT == 3:
+        d3 += value
+    elif SLOT == 4:
+        d4 += value
+    elif SLOT == 5:
+        d5 += value
+    elif SLOT == 6:
+        d6 += value
+    else:
+        d7 += value
+    return d0, d1, d2, d3, d4, d5, d6, d7
+
+
+@triton.jit
+def pick_slot(SLOT: tl.constexpr, d0, d1, d2, d3, d4, d5, d6, d7):
+    if SLOT < 4:
+        return pick(SLOT, d0, d1, d2, d3)
+    else:
+        return pick(SLOT - 4, d4, d5, d6, d7)
+
+
+@triton.jit
+def pick(I: tl.constexpr, t0, t1, t2, t3):
+    if I == 0:
+        return t0
+    elif I == 1:
+        return t1
+    elif I == 2:
+        return t2
+    else:
+        return t3
+
+
+@triton.jit
+def forward_kernel(x_ptr, a_ptr, part_ptr, bits_ptr, seed_ptr, M, K, stride_xm, per_row, groups, groups_per_split,
+                   threshold, scale, N: tl.constexpr, R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """part[split, rows, i * R:(i + 1) * R] = dropout_i(x) @ a_i^T over this split's column groups, and
+    the masks' bits (lora_kernel.pack_keep_bits) for the backward."""
+    E: tl.constexpr = 8 // S  # elements per Philox call
+    SEG: tl.constexpr = 32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(1)
+    row_ok = rows < M
+    j = tl.arange(0, SEG)
     ranks = tl.arange(0, R)
     seed = tl.load(seed_ptr)
     acc0 = tl.zeros((BLOCK_M, R), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_M, R), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, R), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_M, R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        inside = (rows[:, None] < M) & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=inside, other=0.0)
-        xs = (x.to(tl.float32) * scale).to(x.dtype)
-        zero = tl.zeros_like(xs)
-        w0, w1, w2, w3 = keep_words(seed, rows, cols, K)
-        a_cols = cols[:, None] < K  # a_i^T tile: (BLOCK_K, R)
-        a0 = tl.load(a_ptr + ranks[None, :] * K + cols[:, None], mask=a_cols, other=0.0)
-        acc0 = tl.dot(tl.where(w0.to(tl.int64) >= threshold, xs, zero), a0, acc0)
-        if N > 1:
-            a1 = tl.load(a_ptr + (R + ranks)[None, :] * K + cols[:, None], mask=a_cols, other=0.0)
-            acc1 = tl.dot(tl.where(w1.to(tl.int64) >= threshold, xs, zero), a1, acc1)
-        if N > 2:
-            a2 = tl.load(a_ptr + (2 * R + ranks)[None, :] * K + cols[:, None], mask=a_cols, other=0.0)
-            acc2 = tl.dot(tl.where(w2.to(tl.int64) >= threshold, xs, zero), a2, acc2)
-        if N > 3:
-            a3 = tl.load(a_ptr + (3 * R + ranks)[None, :] * K + cols[:, None], mask=a_cols, other=0.0)
-            acc3 = tl.dot(tl.where(w3.to(tl.int64) >= threshold, xs, zero), a3, acc3)
-    out = h_ptr + rows[:, None].to(tl.int64) * (N * R) + ranks[None, :]
-    row_ok = rows[:, None] < M
-    tl.store(out, acc0.to(h_ptr.dtype.element_ty), mask=row_ok)
-    if N > 1:
-        tl.store(out + R, acc1.to(h_ptr.dtype.element_ty), mask=row_ok)
-    if N > 2:
-        tl.store(out + 2 * R, acc2.to(h_ptr.dtype.element_ty), mask=row_ok)
-    if N > 3:
-        tl.store(out + 3 * R, acc3.to(h_ptr.dtype.element_ty), mask=row_ok)
+    first = split * groups_per_split
+    for g in range(first, tl.minimum(first + groups_per_split, groups)):
+        w0, w1, w2, w3 = tl.randint4x(seed, rows[:, None] * per_row + g * SEG + j[None, :])
+        for e in tl.static_range(E):
+            cols = g * (SEG * E) + e * SEG + j
+            inside = row_ok[:, None] & (cols[None, :] < K)
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=inside, other=0.0)
+            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            zero = tl.zeros_like(xs)
+            for i in tl.static_range(N):
+                keep = half_word_keeps(w0, w1, w2, w3, e * S + i, threshold)
+                packed = tl.sum(tl.where(keep, (1 << j)[None, :], 0), axis=1)  # distinct bits: sum == or
+                tl.store(bits_ptr + (rows.to(tl.int64) * groups + g) * 8 + e * S + i, packed, mask=row_ok)
+                a = tl.load(a_ptr + (i * R + ranks)[None, :] * K + cols[:, None], mask=cols[:, None] < K, other=0.0)
+                part = tl.dot(tl.where(keep, xs, zero), a)
+                if i == 0:
+                    acc0 += part
+                elif i == 1:
+                    acc1 += part
+                elif i == 2:
+                    acc2 += part
+                else:
+                    acc3 += part
+    out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * (N * R) + ranks[None, :]
+    for i in tl.static_range(N):
+        tl.store(out + i * R, pick(i, acc0, acc1, acc2, acc3), mask=row_ok[:, None])
+
 
 @triton.jit
-def backward_kernel(x_ptr, a_ptr, dh_ptr, dx_ptr, da_ptr, seed_ptr, M, K, stride_xm, threshold, scale,
-                    N: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    # one program per column block of x, walking all rows: da's reduction over M stays in registers
-    # (deterministic, no atomics) and each element of x is read, and of dx written, once
-    cols = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+def backward_kernel(x_ptr, a_ptr, dh_ptr, dx_ptr, part_ptr, bits_ptr, M, K, stride_xm, groups, rows_per_split,
+                    scale, N: tl.constexpr, R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One column group over a split of the rows, the masks read from the forward's bits (no Philox):
+    dx for those rows and columns (all adapters summed), and part[split, i * R + r, cols] = the split's
+    share of dA_i."""
+    E: tl.constexpr = 8 // S
+    SEG: tl.constexpr = 32
+    g = tl.program_id(0)
+    split = tl.program_id(1)
+    j = tl.arange(0, SEG)
     ranks = tl.arange(0, R)
-    seed = tl.load(seed_ptr)
-    a_cols = cols[None, :] < K  # a_i tile: (R, BLOCK_K)
-    a0 = tl.load(a_ptr + ranks[:, None] * K + cols[None, :], mask=a_cols, other=0.0)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    if N > 1:
-        a1 = tl.load(a_ptr + (R + ranks)[:, None] * K + cols[None, :], mask=a_cols, other=0.0)
-    if N > 2:
-        a2 = tl.load(a_ptr + (2 * R + ranks)[:, None] * K + cols[None, :], mask=a_cols, other=0.0)
-    if N > 3:
-        a3 = tl.load(a_ptr + (3 * R + ranks)[:, None] * K + cols[None, :], mask=a_cols, other=0.0)
-    da0 = tl.zeros((R, BLOCK_K), dtype=tl.float32)
-    da1 = tl.zeros((R, BLOCK_K), dtype=tl.float32)
-    da2 = tl.zeros((R, BLOCK_K), dtype=tl.float32)
-    da3 = tl.zeros((R, BLOCK_K), dtype=tl.float32)
-    for m0 in range(0, M, BLOCK_M):
+    d0 = tl.zeros((R, SEG), dtype=tl.float32)
+    d1 = tl.zeros((R, SEG), dtype=tl.float32)
+    d2 = tl.zeros((R, SEG), dtype=tl.float32)
+    d3 = tl.zeros((R, SEG), dtype=tl.float32)
+    d4 = tl.zeros((R, SEG), dtype=tl.float32)
+    d5 = tl.zeros((R, SEG), dtype=tl.float32)
+    d6 = tl.zeros((R, SEG), dtype=tl.float32)
+    d7 = tl.zeros((R, SEG), dtype=tl.float32)
+    first = split * rows_per_split
+    for m0 in range(first, tl.minimum(first + rows_per_split, M), BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        inside = (rows[:, None] < M) & (cols[None, :] < K)
-        offsets = rows[:, None].to(tl.int64) * stride_xm + cols[None, :]
-        x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
-        xs = (x.to(tl.float32) * scale).to(x.dtype)
-        zero = tl.zeros_like(xs)
-        w0, w1, w2, w3 = keep_words(seed, rows, cols, K)
+        row_ok = rows < M
+        bits_rows = bits_ptr + (rows.to(tl.int64) * groups + g) * 8
         dh_rows = dh_ptr + rows[:, None].to(tl.int64) * (N * R) + ranks[None, :]
-        row_ok = rows[:, None] < M
-        keep = w0.to(tl.int64) >= threshold
-        dh = tl.load(dh_rows, mask=row_ok, other=0.0)
-        da0 = tl.dot(tl.trans(dh), tl.where(keep, xs, zero), da0)
-        dx = tl.where(keep, tl.dot(dh, a0), 0.0)
+        # dh_i as (BLOCK_M, R) for dx and, read again transposed, (R, BLOCK_M) for dA (tiny, from cache)
+        dh_cols = dh_ptr + rows[None, :].to(tl.int64) * (N * R) + ranks[:, None]
+        dh0 = tl.load(dh_rows, mask=row_ok[:, None], other=0.0)
+        dht0 = tl.load(dh_cols, mask=row_ok[None, :], other=0.0)
+        dh1 = dh0
+        dh2 = dh0
+        dh3 = dh0
+        dht1 = dht0
+        dht2 = dht0
+        dht3 = dht0
         if N > 1:
-            keep = w1.to(tl.int64) >= threshold
-            dh = tl.load(dh_rows + R, mask=row_ok, other=0.0)
-            da1 = tl.dot(tl.trans(dh), tl.where(keep, xs, zero), da1)
-            dx += tl.where(keep, tl.dot(dh, a1), 0.0)
+            dh1 = tl.load(dh_rows + R, mask=row_ok[:, None], other=0.0)
+            dht1 = tl.load(dh_cols + R, mask=row_ok[None, :], other=0.0)
         if N > 2:
-            keep = w2.to(tl.int64) >= threshold
-            dh = tl.load(dh_rows + 2 * R, mask=row_ok, other=0.0)
-            da2 = tl.dot(tl.trans(dh), tl.where(keep, xs, zero), da2)
-            dx += tl.where(keep, tl.dot(dh, a2), 0.0)
+            dh2 = tl.load(dh_rows + 2 * R, mask=row_ok[:, None], other=0.0)
+            dht2 = tl.load(dh_cols + 2 * R, mask=row_ok[None, :], other=0.0)
         if N > 3:
-            keep = w3.to(tl.int64) >= threshold
-            dh = tl.load(dh_rows + 3 * R, mask=row_ok, other=0.0)
-            da3 = tl.dot(tl.trans(dh), tl.where(keep, xs, zero), da3)
-            dx += tl.where(keep, tl.dot(dh, a3), 0.0)
-        tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
-                 (dx * scale).to(dx_ptr.dtype.element_ty), mask=inside)
-    out = da_ptr + ranks[:, None] * K + cols[None, :]
-    tl.store(out, da0.to(da_ptr.dtype.element_ty), mask=a_cols)
-    if N > 1:
-        tl.store(out + R * K, da1.to(da_ptr.dtype.element_ty), mask=a_cols)
-    if N > 2:
-        tl.store(out + 2 * R * K, da2.to(da_ptr.dtype.element_ty), mask=a_cols)
-    if N > 3:
-        tl.store(out + 3 * R * K, da3.to(da_ptr.dtype.element_ty), mask=a_cols)
+            dh3 = tl.load(dh_rows + 3 * R, mask=row_ok[:, None], other=0.0)
+            dht3 = tl.load(dh_cols + 3 * R, mask=row_ok[None, :], other=0.0)
+        for e in tl.static_range(E):
+            cols = g * (SEG * E) + e * SEG + j
+            inside = row_ok[:, None] & (cols[None, :] < K)
+            offsets = rows[:, None].to(tl.int64) * stride_xm + cols[None, :]
+            x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
+            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            zero = tl.zeros_like(xs)
+            dx = tl.zeros((BLOCK_M, SEG), dtype=tl.float32)
+            for i in tl.static_range(N):
+                packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
+                keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+                dh = pick(i, dh0, dh1, dh2, dh3)
+                a = tl.load(a_ptr + (i * R + ranks)[:, None] * K + cols[None, :], mask=cols[None, :] < K, other=0.0)
+                dx += tl.where(keep, tl.dot(dh, a), 0.0)
+                dht = pick(i, dht0, dht1, dht2, dht3)
+                d0, d1, d2, d3, d4, d5, d6, d7 = add_to_slot(e * S + i, tl.dot(dht, tl.where(keep, xs, zero)),
+                                                              d0, d1, d2, d3, d4, d5, d6, d7)
+            tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (dx * scale).to(dx_ptr.dtype.element_ty),
+                     mask=inside)
+    for e in tl.static_range(E):
+        cols = g * (SEG * E) + e * SEG + j
+        for i in tl.static_range(N):
+            out = part_ptr + (split * (N * R) + i * R + ranks[:, None]).to(tl.int64) * K + cols[None, :]
+            tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRETED:
-    BLOCKS = {"BLOCK_M": 32, "BLOCK_K": 32}
+    BLOCKS = {"BLOCK_M": 16}
 else:
     BLOCKS = {}
     forward_kernel = triton.autotune(FORWARD_CONFIGS, key=["M", "K", "N", "R"])(forward_kernel)
@@ -137,32 +209,45 @@ else:
 
 
 def _check(x: torch.Tensor, a: torch.Tensor, n: int) -> int:
-    rows, width = x.shape
-    if rows * width > 2**32:
-        raise ValueError(f"the fused LoRA kernel numbers elements in 32 bits; {rows} x {width} is more")
     rank = a.shape[0] // n
-    if a.shape != (n * rank, width) or rank < 16 or rank & (rank - 1):
+    if a.shape != (n * rank, x.shape[1]) or rank < 16 or rank & (rank - 1):
         raise ValueError(f"the fused LoRA kernel takes adapter ranks that are powers of two >= 16; got A {tuple(a.shape)} "
-                         f"for {n} adapters of input width {width}")
+                         f"for {n} adapters of input width {x.shape[1]}")
+    if x.shape[0] * counters_per_row(x.shape[1], n) > 2**32:
+        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {tuple(x.shape)} needs more")
     return rank
 
 
 def forward(x, a, seed, p, n):
     rank = _check(x, a, n)
     x = x if x.stride(-1) == 1 else x.contiguous()
-    h = x.new_empty(x.shape[0], n * rank)
-    grid = lambda meta: (triton.cdiv(x.shape[0], meta["BLOCK_M"]),)  # noqa: E731
-    forward_kernel[grid](x, a.contiguous(), h, seed, x.shape[0], x.shape[1], x.stride(0), drop_threshold(p),
-                         1.0 / (1.0 - p), N=n, R=rank, **BLOCKS)
-    return h
+    rows, width = x.shape
+    per_row = counters_per_row(width, n)
+    groups = per_row // SEGMENT
+    per_split = min(GROUPS_PER_PROGRAM, groups)
+    n_splits = triton.cdiv(groups, per_split)
+    part = torch.empty(n_splits, rows, n * rank, dtype=torch.float32, device=x.device)
+    bits = torch.zeros(rows, groups, SLOTS, dtype=torch.int32, device=x.device)  # unused slots stay 0
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), n_splits)  # noqa: E731
+    forward_kernel[grid](x, a.contiguous(), part, bits, seed, rows, width, x.stride(0), per_row, groups, per_split,
+                         drop_threshold(p), keep_scale(p), N=n, R=rank, S=slots_per_element(n), **BLOCKS)
+    return (part[0] if n_splits == 1 else part.sum(0)).to(x.dtype), bits
 
 
-def backward(dh, x, a, seed, p, n):
+def backward(dh, x, a, bits, p, n):
     rank = _check(x, a, n)
     x = x if x.stride(-1) == 1 else x.contiguous()
+    rows, width = x.shape
+    per_row = counters_per_row(width, n)
+    groups = per_row // SEGMENT
+    block = 128  # rows per split: a multiple of every config's BLOCK_M
+    row_blocks = triton.cdiv(rows, block)
+    n_splits = max(1, min(row_blocks, triton.cdiv(BACKWARD_PROGRAMS, groups)))
+    rows_per_split = triton.cdiv(row_blocks, n_splits) * block
+    n_splits = triton.cdiv(rows, rows_per_split)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    grid = lambda meta: (triton.cdiv(x.shape[1], meta["BLOCK_K"]),)  # noqa: E731
-    backward_kernel[grid](x, a.contiguous(), dh.contiguous(), dx, da, seed, x.shape[0], x.shape[1], x.stride(0),
-                          drop_threshold(p), 1.0 / (1.0 - p), N=n, R=rank, **BLOCKS)
-    return dx, da
+    part = torch.empty(n_splits, n * rank, width, dtype=torch.float32, device=x.device)
+    backward_kernel[(groups, n_splits)](x, a.contiguous(), dh.contiguous(), dx, part, bits, rows, width, x.stride(0),
+                                        groups, rows_per_split, keep_scale(p), N=n, R=rank, S=slots_per_element(n),
+                                        **BLOCKS)
+    return dx, (part[0] if n_splits == 1 else part.sum(0)).to(a.dtype)
