@@ -2,30 +2,29 @@
 reads the same input (q, k and v read one normed x).
 
 ``hardware.lora_kernel=fused`` routes ``B(A(dropout(x)))``'s first half here. Unfused, each adapter
-draws a mask (bool, one byte per element of x), writes a dropped copy of x, reads it for its rank-r GEMM,
-and keeps mask and copy for the backward; the 7B step spent 0.08 s of 2.1 s in those draws and 0.06 s
-in the rank-16 GEMMs, all bandwidth-bound (docs/PERFORMANCE.md, seventh session). Fused, x is read
-once per pass for all adapters sharing it and nothing x-sized is stored or written in the forward; the
-backward reads x once and writes one input gradient for them all.
+draws a mask (bool, one byte per element of x), writes a dropped copy of x, reads it for its rank-r
+GEMM, and keeps mask and copy for the backward. Fused, one forward kernel reads x once for all the
+adapters sharing it and writes only their rank-r outputs and a 1-bit record of each mask; the backward
+kernel reads x and those bits once and writes one input gradient for them all.
 
-The masks come from a counter-based generator, so the backward regenerates them instead of keeping
-them: Philox4x32-10 (Salmon et al. 2011) keyed by a 64-bit seed drawn from PyTorch's generator once per
-call (so checkpoint's RNG replay and torch.manual_seed behave as for F.dropout), counter = the
-element's flat index in x. One Philox call gives four 32-bit words; adapter i of the group keeps the
-element when word i >= round(p * 2**32): up to four adapters, independent masks, one call. The kernel
-is Triton's Philox (``tl.randint4x``); ``philox4x32`` below is the same function in plain PyTorch, the
-op's CPU implementation and what the GPU tests compare the kernel with bit for bit.
+The masks come from Philox4x32-10 (Salmon et al. 2011; Triton's ``tl.randint4x``) keyed by a 64-bit
+seed drawn from PyTorch's generator once per call, so torch.manual_seed and checkpoint's RNG replay
+behave as they do for F.dropout. Each Philox call yields eight 16-bit half words; one half word decides
+one element for one adapter (keep when >= round(p * 2**16)): eight decisions per call, where one per
+call made the kernel bound by the generator. ``keep_masks`` says which counter and half word each
+element and adapter take. ``philox4x32`` is the same generator in plain PyTorch: the op's CPU
+implementation, and what the GPU tests compare the kernel's mask bits with, bit for bit.
 
-Distribution: keep with probability 1 - p (to 2**-32), kept values scaled by 1 / (1 - p), as F.dropout;
-the masks are different draws from F.dropout's (another generator), like any two seeds.
+Distribution: keep with probability 1 - p to within 2**-16 (p = 0.1: 0.899994), kept values scaled by
+the inverse of that probability (an exact expectation); the masks are other draws than F.dropout's
+(another generator), like any two seeds.
 """
 
 from __future__ import annotations
 
-
 import torch
 
-MAX_ADAPTERS = 4  # Philox4x32 yields four words per counter: one per adapter
+MAX_ADAPTERS = 4  # the adapters on one element share the eight half words of a Philox call: at most four
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 MASK32 = 0xFFFFFFFF
