@@ -87,6 +87,19 @@ def test_keep_bits_round_trip_on_ragged_widths(n):
     assert all(torch.equal(b, m[:, :width]) for b, m in zip(back, masks))
 
 
+@pytest.mark.parametrize("x_shape, a_shape, dtype, message", [
+    ((8, 64), (24, 64), torch.bfloat16, "powers of two >= 16"),  # rank 8
+    ((8, 64), (48, 32), torch.bfloat16, "powers of two >= 16"),  # A's width is not x's
+    ((8, 64), (48, 64), torch.float32, "bf16 or fp16"),  # fp32 would run tf32 dots
+])
+def test_what_the_gpu_kernels_refuse(x_shape, a_shape, dtype, message):
+    x, a = torch.zeros(x_shape, dtype=dtype), torch.zeros(a_shape, dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        lora_kernel.check_kernel_inputs(x, a, 3)
+    assert lora_kernel.check_kernel_inputs(torch.zeros(8, 64, dtype=torch.bfloat16),
+                                           torch.zeros(48, 64, dtype=torch.bfloat16), 3) == 16
+
+
 def test_the_op_traces_with_shapes_from_its_fake():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -285,7 +298,7 @@ import torch
 from trainperf.model import lora_kernel, lora_triton
 torch.manual_seed(0)
 for rows, width, n, rank in ((70, 80, 3, 16), (33, 64, 1, 32), (64, 48, 4, 16)):
-    x, a = torch.randn(rows, width), torch.randn(n * rank, width) * 0.1
+    x, a = torch.randn(rows, width), torch.randn(n * rank, width) * 0.1  # fp32: the interpreter garbles bf16
     dh, seed = torch.randn(rows, n * rank), torch.tensor([2**33 + 99])
     h, bits = lora_triton.forward(x, a, seed, 0.1, n)
     dx, da = lora_triton.backward(dh, x, a, bits, 0.1, n)

@@ -161,7 +161,7 @@ class HardwareSpec:
     attention: str = "sdpa"
     # LoRA adapters' input side: torch (F.dropout, then A's GEMM, per adapter) | fused (one Triton
     # kernel per input draws the dropout masks inside A's GEMM for every adapter reading it, q/k/v
-    # together; masks regenerated in the backward, not stored; model/lora_kernel.py; CUDA only)
+    # together, and keeps 1-bit records of them for the backward; model/lora_kernel.py; CUDA only)
     lora_kernel: str = "torch"
     # host memory per node, GiB, that train.offload_layers may fill with pinned activations (half of
     # it, the rest left to the OS and the data); 0: this machine's own (/proc/meminfo)

@@ -111,6 +111,21 @@ def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -
     return masks
 
 
+def check_kernel_inputs(x: torch.Tensor, a: torch.Tensor, n: int, float32_ok: bool = False) -> int:
+    """What the GPU kernels take (ValueError otherwise); returns the adapter rank. ``float32_ok``: under
+    Triton's CPU interpreter, which computes fp32 exactly (and garbles bf16); on a GPU fp32 dots would
+    run in tf32."""
+    rank = a.shape[0] // n
+    if a.shape != (n * rank, x.shape[1]) or rank < 16 or rank & (rank - 1):
+        raise ValueError(f"the fused LoRA kernel takes adapter ranks that are powers of two >= 16; got A {tuple(a.shape)} "
+                         f"for {n} adapters of input width {x.shape[1]}")
+    if x.dtype not in (torch.bfloat16, torch.float16) + ((torch.float32,) if float32_ok else ()) or a.dtype != x.dtype:
+        raise ValueError(f"the fused LoRA kernel takes bf16 or fp16 x and A of one dtype; got {x.dtype} and {a.dtype}")
+    if x.shape[0] * counters_per_row(x.shape[1], n) > 2**32:
+        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {tuple(x.shape)} needs more")
+    return rank
+
+
 def _pick(words: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
     """words[index[c]][:, c] for each column c."""
     stacked = torch.stack(words)  # (4, rows, cols)

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trainperf.model.lora_kernel import SEGMENT, SLOTS, counters_per_row, drop_threshold, keep_scale, slots_per_element
+from trainperf.model.lora_kernel import (SEGMENT, SLOTS, check_kernel_inputs, counters_per_row, drop_threshold, keep_scale,
+                                         slots_per_element)
 
 # a few shapes per kernel; the split counts (launch parameters) fill the GPU: PROGRAMS_WANTED programs
 # Block sizes from a sweep on one H200 (7B shapes, x 8192 x 4096; docs/PERFORMANCE.md, thirteenth
@@ -208,18 +209,8 @@ else:
     backward_kernel = triton.autotune(BACKWARD_CONFIGS, key=["M", "K", "N", "R"])(backward_kernel)
 
 
-def _check(x: torch.Tensor, a: torch.Tensor, n: int) -> int:
-    rank = a.shape[0] // n
-    if a.shape != (n * rank, x.shape[1]) or rank < 16 or rank & (rank - 1):
-        raise ValueError(f"the fused LoRA kernel takes adapter ranks that are powers of two >= 16; got A {tuple(a.shape)} "
-                         f"for {n} adapters of input width {x.shape[1]}")
-    if x.shape[0] * counters_per_row(x.shape[1], n) > 2**32:
-        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {tuple(x.shape)} needs more")
-    return rank
-
-
 def forward(x, a, seed, p, n):
-    rank = _check(x, a, n)
+    rank = check_kernel_inputs(x, a, n, float32_ok=INTERPRETED)
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, width = x.shape
     per_row = counters_per_row(width, n)
@@ -235,7 +226,7 @@ def forward(x, a, seed, p, n):
 
 
 def backward(dh, x, a, bits, p, n):
-    rank = _check(x, a, n)
+    rank = check_kernel_inputs(x, a, n, float32_ok=INTERPRETED)
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, width = x.shape
     per_row = counters_per_row(width, n)

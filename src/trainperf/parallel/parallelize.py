@@ -255,8 +255,8 @@ def _selective_policy(adapter_rank: int | None = None):
                       torch.ops.aten._scaled_dot_product_cudnn_attention.default,
                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
                       torch.ops.trainperf.flash4_attn.default,
-                      # the fused LoRA kernel's output is (tokens, adapters x rank): saving it costs
-                      # little, recomputing it a pass over x; its seed is saved below
+                      # the fused LoRA kernel's outputs, A's (tokens, adapters x rank) and the masks'
+                      # bits: saving them costs little, recomputing them a pass over x
                       torch.ops.trainperf.lora_dropout_a.default}
 
     def is_adapter_gemm(op, args) -> bool:
@@ -275,8 +275,8 @@ def _selective_policy(adapter_rank: int | None = None):
     def is_boolean_mask_draw(op, args) -> bool:
         return op in random_draws and bool(args) and getattr(args[0], "dtype", None) == torch.bool
 
-    # the fused LoRA kernel's seed (model/lora_kernel.py): 8 bytes; kept, the backward regenerates
-    # exactly the forward's masks whether or not the recomputation replays the generator
+    # the fused LoRA kernel's seed draw (model/lora_kernel.py), 8 bytes: kept like its outputs, so a
+    # recomputation neither reruns nor redraws any part of the op
     seed_draws = {torch.ops.aten.randint.low}
 
     def policy(ctx, op, *args, **kwargs):
