@@ -16,14 +16,15 @@ import triton.language as tl
 from trainperf.model.lora_kernel import (SEGMENT, SLOTS, check_kernel_inputs, counters_per_row, drop_threshold, keep_scale,
                                          slots_per_element)
 
-# a few shapes per kernel; the split counts (launch parameters) fill the GPU: PROGRAMS_WANTED programs
-# Block sizes from a sweep on one H200 (7B shapes, x 8192 x 4096; docs/PERFORMANCE.md, thirteenth
-# session): the Philox state of a (BLOCK_M, 32) tile of counters is four words per counter, so small
-# row blocks win; the autotuner picks among the best three per kernel
+# Block sizes and split counts from a sweep on one H200 (x 8192 x 4096, rank 16, 1 and 3 adapters;
+# bench/data/session13_h200.json, call 4): the Philox state of a (BLOCK_M, 32) tile of counters is four
+# words per counter, so small row blocks win; the autotuner picks among the best three per kernel, and
+# the splits (launch parameters, outside the autotuner) cut the columns (forward) or rows (backward)
+# so that several programs share each SM
 FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 2), (32, 4), (64, 8))]
 BACKWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 4), (64, 4), (64, 8))]
-GROUPS_PER_PROGRAM = 8  # forward: column groups one program walks (8192 x 4096, q/k/v: 8 splits, 0.13 ms)
-BACKWARD_PROGRAMS = 512  # backward: column groups x row splits (q/k/v: 64 x 8, 0.17 ms)
+GROUPS_PER_PROGRAM = 8  # forward: column groups one program walks (q/k/v: 8 splits; 0.13 ms in the sweep)
+BACKWARD_PROGRAMS = 512  # backward: column groups x row splits (q/k/v: 64 x 8; 0.17 ms in the sweep)
 
 
 @triton.jit
