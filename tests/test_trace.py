@@ -158,6 +158,73 @@ def test_gpu_trace_breakdown_collective_table_and_straggler():
     assert top["sm90_xmma_gemm_bf16"]["kind"] == "compute" and top["sm90_xmma_gemm_bf16"]["pct_of_compute"] == 100.0
 
 
+def _gapped_step_trace() -> dict:
+    """One step [0, 1000) us on the host thread (1, 1): kernels [10, 100), [300, 400), [600, 700), [700, 950).
+    The second is launched at 250 us, inside the optimizer's foreach call, after the GPU went idle at 100;
+    the host sits in cudaStreamSynchronize under aten::item over [410, 590), then launches the third at
+    595; the fourth was launched early but starts behind a wait (no idle: it follows the third); the step
+    ends 50 us after the last kernel; a 10 us head gap is below the threshold."""
+    def x(cat, name, ts, dur, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1 if cat not in ("kernel",) else 0, "tid": tid,
+                "ts": float(ts), "dur": float(dur), "args": args}
+
+    return {"traceEvents": [
+        x("user_annotation", "ProfilerStep#3", 0, 1000),
+        x("kernel", "gemm_a", 10, 90, tid=7, correlation=1),
+        x("kernel", "adam_foreach", 300, 100, tid=7, correlation=2),
+        x("kernel", "loss_kernel", 600, 100, tid=7, correlation=3),
+        x("kernel", "gemm_b", 700, 250, tid=7, correlation=4),
+        x("cuda_runtime", "cudaLaunchKernel", 5, 2, correlation=1),
+        x("user_annotation", "Optimizer.step#AdamW.step", 200, 95),
+        x("cpu_op", "aten::_foreach_mul_", 240, 20),
+        x("cuda_runtime", "cudaLaunchKernel", 250, 3, correlation=2),
+        x("cpu_op", "aten::item", 405, 190),
+        x("cpu_op", "aten::_local_scalar_dense", 406, 188),
+        x("cuda_runtime", "cudaStreamSynchronize", 410, 180),
+        x("cuda_runtime", "cudaLaunchKernel", 595, 3, correlation=3),
+        x("cuda_runtime", "cuLaunchKernelEx", 598, 1, correlation=4),
+    ]}
+
+
+def test_idle_gaps_name_the_host_sync_and_the_late_launch():
+    t = A.parse_rank(_gapped_step_trace(), 0)
+    s = A.analyze([t])
+    gaps = s["idle_gaps"]
+    causes = {(g["cause"], g["where"]): g for g in gaps["by_cause"]}
+    sync = causes[("host sync", "aten::_local_scalar_dense > cudaStreamSynchronize")]
+    late = causes[("late launch", "Optimizer.step#AdamW.step > aten::_foreach_mul_")]
+    end = causes[("end of step", "(no op open)")]
+    assert sync["total_s_per_step"] == pytest.approx(200e-6)  # [400, 600)
+    assert late["total_s_per_step"] == pytest.approx(200e-6)  # [100, 300)
+    assert end["total_s_per_step"] == pytest.approx(50e-6)  # [950, 1000)
+    assert len(gaps["by_cause"]) == 3  # the 10 us head gap is below MIN_GAP_NS
+    assert gaps["gaps_s_per_step"] == pytest.approx(450e-6)
+    assert s["per_rank"][0]["idle_s"] == pytest.approx(460e-6)  # the gaps plus the head gap
+    largest = gaps["largest"][0]
+    assert largest["before"] in ("gemm_a", "adam_foreach") and largest["dur_s"] == pytest.approx(200e-6)
+    (g,) = [g for g in gaps["largest"] if g["cause"] == "late launch"]
+    assert (g["before"], g["after"], g["offset_s"]) == ("gemm_a", "adam_foreach", pytest.approx(100e-6))
+
+
+def test_the_summary_prints_the_idle_gaps(capsys):
+    s = A.analyze([A.parse_rank(_gapped_step_trace(), 0)])
+    s.update(trace_dir="t", summary_file="t/trace_summary.json")
+    trace_cli.print_summary(s)
+    out = capsys.readouterr().out
+    assert "where the GPU sat idle" in out and "host sync" in out and "late launch" in out
+    assert "Optimizer.step#AdamW.step > aten::_foreach_mul_" in out
+
+
+def test_idle_gap_where_a_kernel_waits_on_another_stream_is_a_dependency():
+    trace = _gapped_step_trace()
+    for e in trace["traceEvents"]:  # the optimizer's kernel launched at 50 us: early, yet it starts at 300
+        if e["args"].get("correlation") == 2 and e["cat"] == "cuda_runtime":
+            e["ts"] = 50.0
+    s = A.analyze([A.parse_rank(trace, 0)])
+    (g,) = [g for g in s["idle_gaps"]["largest"] if g["offset_s"] == pytest.approx(100e-6)]
+    assert g["cause"] == "dependency"
+
+
 def test_overhead_from_steps_files():
     steps = [{"index": i, "phase": p, "wall_s": w} for i, (p, w) in
              enumerate([("wait", 9.0), ("wait", 1.0), ("warmup", 1.3), ("active", 1.2), ("active", 1.2), ("after", 1.0)])]

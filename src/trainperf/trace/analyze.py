@@ -11,7 +11,8 @@ Per step (the ``ProfilerStep#k`` spans of the main thread) and per rank, on inte
     mem       |U(MEM)|                  GPU memcpy/memset (0 on CPU)
     exposed mem |U(MEM) \\ (U(COMP) ∪ U(COMM))|  copies nothing else runs beside (activation offload's
                                         cost when it is not hidden)
-    idle      step - |U(COMP ∪ COMM ∪ MEM)|
+    idle      step - |U(COMP ∪ COMM ∪ MEM)|; GPU traces also list the gaps (``idle_gaps``) with
+              their cause read off the host's timeline (a sync, a late launch, a dependency)
 
 Times are integer nanoseconds inside (the traces' microsecond floats are rounded once, at load), so
 the identity step = compute + comm - overlap + exposed mem + idle holds exactly.
@@ -298,6 +299,7 @@ class RankTrace:
     top: dict[tuple[str, str], list[int]]  # (name, kind) -> [count, total ns]
     host: str | None = None
     distributed: dict = field(default_factory=dict)
+    gaps: list[dict] = field(default_factory=list)  # GPU traces: idle gaps >= MIN_GAP_NS, attributed
 
 
 def load_trace(path: str | Path) -> dict:
@@ -362,8 +364,10 @@ def parse_rank(trace: dict, rank: int | None = None, groups: dict[str, tuple[int
     gpu = any(e.get("cat") == "kernel" for e in events)
     top: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     colls: list[Collective] = []
+    gaps: list[dict] = []
     if gpu:
         comp, comm, mem = [], [], []
+        device: list[tuple[int, int, str, object]] = []  # (start, end, name, correlation) of every GPU activity
         for e in events:
             cat = e.get("cat")
             if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -372,6 +376,7 @@ def parse_rank(trace: dict, rank: int | None = None, groups: dict[str, tuple[int
             iv = (s, s + _ns(e.get("dur", 0)))
             name = e.get("name", "")
             args = e.get("args") or {}
+            device.append((iv[0], iv[1], name, args.get("correlation")))
             if cat != "kernel":
                 mem.append(iv)
                 kind = "memory"
@@ -386,13 +391,132 @@ def parse_rank(trace: dict, rank: int | None = None, groups: dict[str, tuple[int
             t[0] += 1
             t[1] += iv[1] - iv[0]
         comp, comm, mem = merge(comp), merge(comm), merge(mem)
+        gaps = idle_gaps(steps, union(union(comp, comm), mem), device, events)
     else:
         comp, comm, colls = _cpu_intervals(events, thread_names, rank, groups, fsdp_dims, top)
         mem = []
     for c in colls:
         c.step = _step_of(c.start, steps)
     return RankTrace(rank=rank, mode="gpu" if gpu else "cpu", steps=steps, comp=comp, comm=comm, mem=mem,
-                     collectives=colls, top=dict(top), host=trace.get("host_name"), distributed=info)
+                     collectives=colls, top=dict(top), host=trace.get("host_name"), distributed=info, gaps=gaps)
+
+
+# ---------------------------------------------------------------------------------------------
+# idle gaps: where the GPU sat idle inside a step, and what the host was doing
+
+MIN_GAP_NS = 50_000  # gaps shorter than 50 us are launch jitter, not a cause worth a row
+_RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+_STACK_CATS = ("cpu_op", "user_annotation")
+
+
+def _is_host_sync(name: str) -> bool:
+    """A runtime call that blocks the host until GPU work finishes."""
+    return "Synchronize" in name or name in ("cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyDtoH")
+
+
+class _Stacks:
+    """The CPU op / annotation stack of one thread at any time: events sorted by start, each with its
+    parent (the profiler's ops nest properly on a thread)."""
+
+    def __init__(self, evs: list[tuple[int, int, str]]):
+        evs.sort(key=lambda x: (x[0], -(x[1] - x[0])))
+        self.starts, self.ends, self.names, self.parent = [], [], [], []
+        open_: list[int] = []
+        for s, e, name in evs:
+            while open_ and s >= self.ends[open_[-1]]:
+                open_.pop()
+            self.parent.append(open_[-1] if open_ else -1)
+            self.starts.append(s)
+            self.ends.append(e)
+            self.names.append(name)
+            open_.append(len(self.starts) - 1)
+
+    def at(self, ts: int) -> list[str]:
+        """Names of the ops open at ``ts``, outermost first."""
+        i = bisect_right(self.starts, ts) - 1
+        while i >= 0 and self.ends[i] <= ts:  # the last op to start before ts has ended: its ancestors
+            i = self.parent[i]
+        names = []
+        while i >= 0:
+            names.append(self.names[i])
+            i = self.parent[i]
+        return names[::-1]
+
+
+def _where(stack: list[str]) -> str:
+    """The innermost two ops of a host stack, the step's own span left out."""
+    inner = [n for n in stack if not _STEP.match(n)][-2:]
+    return " > ".join(inner) if inner else "(no op open)"
+
+
+def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dict]) -> list[dict]:
+    """Every stretch of a profiled step where no kernel, copy or collective runs on the GPU, at least
+    MIN_GAP_NS long, with its cause read off the host's timeline:
+
+    - ``host sync``: a host thread sat in a blocking runtime call (a stream / device / event
+      synchronize, a blocking copy) during the gap -- the op that issued it is the culprit;
+    - ``late launch``: the kernel that ends the gap was launched after the gap began -- the host was
+      the bottleneck there (Python, the optimizer's per-tensor calls, a compiled graph's guards);
+    - ``dependency``: it was launched before the gap began but started later (a cross-stream wait,
+      an event);
+    - ``end of step``: no later kernel in the trace.
+    ``where``: the innermost host ops at the sync or at the launch."""
+    runtime = {}
+    syncs = []
+    per_thread: dict = defaultdict(list)
+    for e in events:
+        cat = e.get("cat")
+        s = _ns(e["ts"])
+        iv = (s, s + _ns(e.get("dur", 0)))
+        key = (e.get("pid"), e.get("tid"))
+        if cat in _RUNTIME_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                runtime[corr] = (iv[0], key)
+            if _is_host_sync(e.get("name", "")):
+                syncs.append((iv, key, e.get("name", "")))
+        elif cat in _STACK_CATS:
+            per_thread[key].append((iv[0], iv[1], e.get("name", "")))
+    stacks = {k: _Stacks(v) for k, v in per_thread.items()}
+    device = sorted(device)
+    starts = [d[0] for d in device]
+    ends = sorted((d[1], d[2]) for d in device)
+    end_times = [x[0] for x in ends]
+    out = []
+    for k, lo, hi in steps:
+        inside = clip(busy, lo, hi)
+        cursor, holes = lo, []
+        for s, e in inside:
+            if s > cursor:
+                holes.append((cursor, s))
+            cursor = max(cursor, e)
+        if cursor < hi:
+            holes.append((cursor, hi))
+        for g0, g1 in holes:
+            if g1 - g0 < MIN_GAP_NS:
+                continue
+            i = bisect_left(starts, g1)
+            after = device[i] if i < len(device) else None
+            j = bisect_right(end_times, g0) - 1
+            before = ends[j][1] if j >= 0 else None
+            blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0]
+            if blocking:
+                iv, key, name = max(blocking, key=lambda b: min(b[0][1], g1) - max(b[0][0], g0))
+                cause = "host sync"
+                stack = (stacks[key].at(iv[0]) if key in stacks else []) + [name]
+            elif after is None:
+                cause, stack = "end of step", []
+            else:
+                launch = runtime.get(after[3])
+                if launch is None:
+                    cause, stack = "dependency", []
+                else:
+                    cause = "late launch" if launch[0] > g0 else "dependency"
+                    stack = stacks[launch[1]].at(launch[0]) if launch[1] in stacks else []
+            out.append({"step": k, "start_ns": g0, "offset_s": (g0 - lo) * 1e-9, "dur_s": (g1 - g0) * 1e-9,
+                        "cause": cause, "where": _where(stack), "stack": stack[-4:],
+                        "before": before, "after": after[2] if after else None})
+    return out
 
 
 def _step_of(ts: int, steps: list[tuple[int, int, int]]) -> int | None:
@@ -692,6 +816,8 @@ def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) 
         vals = [r[key] for r in per_rank if r[key] is not None]
         return statistics.mean(vals) if vals else None
 
+    gaps = idle_gap_summary(traces)
+
     comm_all = sum(r["comm_s"] * r["steps"] for r in per_rank)
     overlap_all = sum(x["overlap_s"] for x in rows)
     totals = {k: mean(k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "mem_s", "exposed_mem_s", "idle_s",
@@ -703,8 +829,28 @@ def analyze(traces: list[RankTrace], steps_info: dict[int, dict] | None = None) 
             "steps_per_rank": {str(t.rank): [k for k, _, _ in t.steps] for t in traces},
             "totals": totals, "per_rank": per_rank, "steps": rows, "collectives": collectives,
             "comm_by_group": by_group, "skew": skew,
-            "top": top, "overhead": over, "unprofiled_estimate": estimate,
+            "top": top, "idle_gaps": gaps, "overhead": over, "unprofiled_estimate": estimate,
             "overhead_hint": overhead_hint(over, estimate)}
+
+
+def idle_gap_summary(traces: list[RankTrace], largest: int = 10) -> dict | None:
+    """The ranks' idle gaps (GPU traces) per step: summed by cause and host op, and the largest ones."""
+    if not traces or traces[0].mode != "gpu":
+        return None
+    n_steps = sum(len(t.steps) for t in traces) or 1
+    by: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    every = []
+    for t in traces:
+        for g in t.gaps:
+            row = by[(g["cause"], g["where"])]
+            row[0] += 1
+            row[1] += g["dur_s"]
+            every.append(dict(g, rank=t.rank))
+    return {"min_gap_s": MIN_GAP_NS * 1e-9,
+            "gaps_s_per_step": sum(g["dur_s"] for g in every) / n_steps,
+            "by_cause": [{"cause": c, "where": w, "count_per_step": n / n_steps, "total_s_per_step": d / n_steps}
+                         for (c, w), (n, d) in sorted(by.items(), key=lambda kv: -kv[1][1])],
+            "largest": sorted(every, key=lambda g: -g["dur_s"])[:largest]}
 
 
 def unprofiled_estimate(per_rank: list[dict], over: dict) -> dict | None:

@@ -238,6 +238,19 @@ def print_summary(s: dict, top: int = 10) -> None:
                       _pct(k["pct_of_compute"]))
         console.print(t)
 
+    gaps = s.get("idle_gaps")
+    if gaps and gaps["by_cause"]:
+        t = Table(title=f"where the GPU sat idle: gaps of {_us(gaps['min_gap_s'])} us or more, "
+                        f"{_ms(gaps['gaps_s_per_step'])} ms per step (cause, and the host ops at the sync or launch)")
+        for col in ("cause", "where (host)", "gaps/step", "ms/step"):
+            t.add_column(col, justify="left" if col in ("cause", "where (host)") else "right")
+        for g in gaps["by_cause"][:top]:
+            where = g["where"] if len(g["where"]) <= 90 else g["where"][:87] + "..."
+            t.add_row(g["cause"], where, f"{g['count_per_step']:.3g}", _ms(g["total_s_per_step"]))
+        if len(gaps["by_cause"]) > top:
+            t.caption = f"{len(gaps['by_cause']) - top} more, and the largest gaps one by one, in --json / {SUMMARY_FILE}"
+        console.print(t)
+
     o = s.get("overhead") or {}
     if o.get("overhead_pct") is not None:
         r0 = next(iter(o["per_rank"].values()))
