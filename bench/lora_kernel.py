@@ -16,23 +16,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from layout_probes import median_ms
 
 from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, shared_input_lora_a
-
-
-def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def graphed(fn):
@@ -112,11 +98,11 @@ def main() -> int:
         return run
 
     for side, fn in (("torch", unfused), ("fused", shared_input_lora_a)):
-        result[f"{side}_fwd_ms"] = median_ms(forward_only(fn))
-        result[f"{side}_fwd_bwd_ms"] = median_ms(forward_backward(fn))
+        result[f"{side}_fwd_ms"] = median_ms(forward_only(fn), 30, 5)
+        result[f"{side}_fwd_bwd_ms"] = median_ms(forward_backward(fn), 30, 5)
         try:
-            result[f"{side}_fwd_graph_ms"] = median_ms(graphed(forward_only(fn)))
-            result[f"{side}_fwd_bwd_graph_ms"] = median_ms(graphed(forward_backward(fn)))
+            result[f"{side}_fwd_graph_ms"] = median_ms(graphed(forward_only(fn)), 30, 5)
+            result[f"{side}_fwd_bwd_graph_ms"] = median_ms(graphed(forward_backward(fn)), 30, 5)
         except RuntimeError as err:  # a capture that fails says so, the eager figures stand
             result[f"{side}_graph_error"] = str(err).splitlines()[0]
     for part in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
