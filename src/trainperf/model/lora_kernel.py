@@ -58,7 +58,8 @@ def philox4x32(counter: torch.Tensor, seed: int) -> list[torch.Tensor]:
     return philox4x32_rounds(c0, zero, zero, zero, seed & MASK32, (seed >> 32) & MASK32)
 
 
-WORD_BITS = 16  # one keep/drop decision per 16-bit half word: eight per Philox call
+WORD_BITS = 16  # one keep/drop decision per 16-bit half word
+SLOTS = 8  # half words per Philox call; the forward packs one word of keep bits per slot, row and column group
 SEGMENT = 32  # columns per Philox counter run; a row's columns come in groups of SEGMENT * elements_per_call
 
 
@@ -78,24 +79,37 @@ def slots_per_element(n: int) -> int:
     return 1 if n == 1 else 2 if n == 2 else 4
 
 
+def elements_per_call(n: int) -> int:
+    """Elements one Philox call decides for all n adapters: 8, 4, 2, 2."""
+    return SLOTS // slots_per_element(n)
+
+
 def counters_per_row(width: int, n: int) -> int:
-    group = SEGMENT * (8 // slots_per_element(n))  # the columns one run of SEGMENT counters covers
+    group = SEGMENT * elements_per_call(n)  # the columns one run of SEGMENT counters covers
     return -(-width // group) * SEGMENT
+
+
+def padded_width(width: int, n: int) -> int:
+    """Columns the kernels draw for: whole column groups."""
+    return counters_per_row(width, n) * elements_per_call(n)
+
+
+def check_counter_range(rows: int, width: int, n: int) -> None:
+    if rows * counters_per_row(width, n) > 2**32:
+        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {rows} x {width} needs more")
 
 
 def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -> list[torch.Tensor]:
     """The n boolean keep masks (rows x cols) the kernels draw for ``seed``.
 
-    A row's columns come in groups of SEGMENT x E (E = 8 / slots_per_element(n) elements per Philox
-    call); column c of group g, at position e * SEGMENT + j inside it, takes counter
+    A row's columns come in groups of SEGMENT x E (E = elements_per_call(n)); column c of group g, at position e * SEGMENT + j inside it, takes counter
     row * counters_per_row + g * SEGMENT + j, and adapter i its half word e * slots + i of that call
     (word (e * slots + i) // 2, low half first). Each kernel program draws one run of SEGMENT counters
     for E x SEGMENT contiguous columns: no shuffling of random words between lanes."""
+    check_counter_range(rows, cols, n)
     per_row = counters_per_row(cols, n)
-    if rows * per_row > 2**32:
-        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {rows} x {cols} needs more")
     slots = slots_per_element(n)
-    group = SEGMENT * (8 // slots)
+    group = SEGMENT * elements_per_call(n)
     col = torch.arange(cols, device=device, dtype=torch.int64)
     e, j = (col % group) // SEGMENT, col % SEGMENT
     counter = (torch.arange(rows, device=device, dtype=torch.int64)[:, None] * per_row
@@ -111,6 +125,12 @@ def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -
     return masks
 
 
+def _pick(words: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
+    """words[index[c]][:, c] for each column c."""
+    stacked = torch.stack(words)  # (4, rows, cols)
+    return stacked.gather(0, index[None, None, :].expand(1, stacked.shape[1], -1))[0]
+
+
 def check_kernel_inputs(x: torch.Tensor, a: torch.Tensor, n: int, float32_ok: bool = False) -> int:
     """What the GPU kernels take (ValueError otherwise); returns the adapter rank. ``float32_ok``: under
     Triton's CPU interpreter, which computes fp32 exactly (and garbles bf16); on a GPU fp32 dots would
@@ -121,23 +141,8 @@ def check_kernel_inputs(x: torch.Tensor, a: torch.Tensor, n: int, float32_ok: bo
                          f"for {n} adapters of input width {x.shape[1]}")
     if x.dtype not in (torch.bfloat16, torch.float16) + ((torch.float32,) if float32_ok else ()) or a.dtype != x.dtype:
         raise ValueError(f"the fused LoRA kernel takes bf16 or fp16 x and A of one dtype; got {x.dtype} and {a.dtype}")
-    if x.shape[0] * counters_per_row(x.shape[1], n) > 2**32:
-        raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {tuple(x.shape)} needs more")
+    check_counter_range(x.shape[0], x.shape[1], n)
     return rank
-
-
-def _pick(words: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """words[index[c]][:, c] for each column c."""
-    stacked = torch.stack(words)  # (4, rows, cols)
-    return stacked.gather(0, index[None, None, :].expand(1, stacked.shape[1], -1))[0]
-
-
-SLOTS = 8  # half words per Philox call: one packed word of keep bits per slot, row and column group
-
-
-def padded_width(width: int, n: int) -> int:
-    """Columns the kernels draw for: whole column groups."""
-    return counters_per_row(width, n) * (8 // slots_per_element(n))
 
 
 def pack_keep_bits(masks: list[torch.Tensor], n: int) -> torch.Tensor:
@@ -146,7 +151,7 @@ def pack_keep_bits(masks: list[torch.Tensor], n: int) -> torch.Tensor:
     1 bit per element and adapter (3 x 4 MiB for q/k/v over 8192 x 4096), where F.dropout keeps a byte."""
     rows, width = masks[0].shape
     slots = slots_per_element(n)
-    per_group = 8 // slots
+    per_group = elements_per_call(n)
     groups = width // (SEGMENT * per_group)
     weights = 2 ** torch.arange(SEGMENT, device=masks[0].device, dtype=torch.int64)
     bits = torch.zeros(rows, groups, SLOTS, dtype=torch.int64, device=masks[0].device)
@@ -160,7 +165,7 @@ def unpack_keep_bits(bits: torch.Tensor, n: int, width: int) -> list[torch.Tenso
     """pack_keep_bits' inverse, trimmed to ``width`` columns."""
     rows, groups, _ = bits.shape
     slots = slots_per_element(n)
-    per_group = 8 // slots
+    per_group = elements_per_call(n)
     shifts = torch.arange(SEGMENT, device=bits.device, dtype=torch.int32)
     unpacked = (bits[..., None] >> shifts) & 1  # (rows, groups, SLOTS, SEGMENT)
     return [unpacked[:, :, [e * slots + i for e in range(per_group)]].reshape(rows, -1)[:, :width].bool()
