@@ -271,8 +271,9 @@ def test_fused_lora_kernel_on_cpu_fails_validation_in_one_line():
 
 
 def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
-    """Per token and layer, the fused kernel's activations are those of a run without dropout: A's
-    inputs, not a mask and a dropped copy per adapter."""
+    """Per token and layer, the fused kernel's activations are those of a run without dropout (A's
+    inputs, not a mask and a dropped copy per adapter) plus its mask records: as many bytes as the
+    forward allocates for them."""
     from trainperf.plan.costs import activation_bytes_per_token_layer
     from trainperf.specs import resolve_spec
     from trainperf.workloads.mini import synthetic_lora_defaults
@@ -283,9 +284,13 @@ def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
     fused = activation_bytes_per_token_layer(spec, compiled=True)
     spec.hardware.lora_kernel, spec.lora.dropout = "torch", 0.0
     no_dropout = activation_bytes_per_token_layer(spec, compiled=True)
+    for n, width in ((3, spec.model.hidden_size), (1, spec.model.hidden_size)):  # what the op allocates
+        _, bits = lora_dropout_a(torch.zeros(2, width), torch.zeros(16 * n, width), torch.tensor([1]), 0.1, n)
+        assert bits.numel() * 4 / 2 == (width / 2 if n == 3 else width / 8)
     h = spec.model.hidden_size
-    assert fused == no_dropout
-    assert torch_path - fused == pytest.approx(4 * 3 * h - 2 * h)  # 4 x (mask + copy) against x kept once
+    records = h / 2 + h / 8  # q/k/v: 4 bits per element (3 adapters, 4 slots); o: 1 bit
+    assert fused == no_dropout + records
+    assert torch_path - fused == pytest.approx(4 * 3 * h - 2 * h - records)  # 4 x (mask + copy) against x kept once
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed (CPU CI)")
