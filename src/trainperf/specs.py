@@ -506,6 +506,15 @@ ATTENTION_KERNELS = ("sdpa", "flash4")
 LORA_KERNELS = ("torch", "fused")
 
 
+def _refuse_off_gpu_or_fp32(spec: RunSpec, setting: str, needs: str, fallback: str) -> None:
+    """A GPU kernel that computes in bf16 (``setting``, e.g. hardware.attention=flash4): refused on CPU
+    and with fp32 compute, naming ``fallback``, the setting that runs there."""
+    if _runs_on_cpu(spec):
+        raise SpecError(f"{setting} {needs}; use {fallback} on CPU")
+    if spec.hardware.dtype == "fp32":
+        raise SpecError(f"{setting} runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto or bf16, or {fallback}")
+
+
 def _validate_attention(spec: RunSpec) -> None:
     """hardware.attention: a known kernel; flash4 on a single-sequence-per-rank layout (context
     parallel's ring attention is SDPA's) and on a GPU and package that can run it."""
@@ -515,11 +524,8 @@ def _validate_attention(spec: RunSpec) -> None:
     if spec.parallel.cp > 1:
         raise SpecError(f"hardware.attention=flash4 with parallel.cp={spec.parallel.cp} is not supported (context "
                         "parallel's ring attention runs SDPA); use hardware.attention=sdpa or parallel.cp=1")
-    if _runs_on_cpu(spec):
-        raise SpecError("hardware.attention=flash4 needs CUDA GPUs (Hopper or Blackwell); use hardware.attention=sdpa on CPU")
-    if spec.hardware.dtype == "fp32":
-        raise SpecError("hardware.attention=flash4 runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto "
-                        "or bf16, or hardware.attention=sdpa")
+    _refuse_off_gpu_or_fp32(spec, "hardware.attention=flash4", "needs CUDA GPUs (Hopper or Blackwell)",
+                            "hardware.attention=sdpa")
     head_dim = spec.model.head_dim
     if head_dim % 8 or not 8 <= head_dim <= 256:
         raise SpecError(f"hardware.attention=flash4 takes head dims 8 to 256 in multiples of 8; this model's is {head_dim} "
@@ -539,11 +545,8 @@ def _validate_lora_kernel(spec: RunSpec) -> None:
     if not spec.lora.enabled:
         raise SpecError("hardware.lora_kernel=fused is for LoRA runs (lora.rank > 0); this run trains every "
                         "parameter; use hardware.lora_kernel=torch")
-    if _runs_on_cpu(spec):
-        raise SpecError("hardware.lora_kernel=fused is a Triton kernel for CUDA GPUs; use hardware.lora_kernel=torch on CPU")
-    if spec.hardware.dtype == "fp32":
-        raise SpecError("hardware.lora_kernel=fused runs bf16 only, not hardware.dtype=fp32; use hardware.dtype=auto "
-                        "or bf16, or hardware.lora_kernel=torch")
+    _refuse_off_gpu_or_fp32(spec, "hardware.lora_kernel=fused", "is a Triton kernel for CUDA GPUs",
+                            "hardware.lora_kernel=torch")
     if spec.parallel.tp > 1:
         raise SpecError(f"hardware.lora_kernel=fused with parallel.tp={spec.parallel.tp} is not supported (tensor "
                         "parallel's adapters see DTensors); use hardware.lora_kernel=torch or parallel.tp=1")
