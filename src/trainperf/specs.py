@@ -550,8 +550,10 @@ def _validate_lora_kernel(spec: RunSpec) -> None:
     if spec.parallel.tp > 1:
         raise SpecError(f"hardware.lora_kernel=fused with parallel.tp={spec.parallel.tp} is not supported (tensor "
                         "parallel's adapters see DTensors); use hardware.lora_kernel=torch or parallel.tp=1")
+    from trainperf.model.lora_layout import takes_rank
+
     rank = spec.lora.rank
-    if rank < 16 or rank & (rank - 1):
+    if not takes_rank(rank):
         raise SpecError(f"hardware.lora_kernel=fused takes lora.rank 16, 32, 64, ... (a power of two >= 16); "
                         f"got {rank}; use hardware.lora_kernel=torch")
     import importlib.util

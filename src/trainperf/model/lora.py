@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from trainperf.model.float8 import frozen_linear
 from trainperf.model.lora_kernel import MAX_ADAPTERS, shared_input_lora_a
@@ -35,8 +36,6 @@ def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
       (under selective recompute the whole draw is saved instead: parallelize._selective_policy)."""
     if not training or p == 0:
         return x
-    from torch.distributed.tensor import DTensor, Replicate
-
     if isinstance(x, DTensor):
         mesh = x.device_mesh
         # the activations of TP live on the 1-D tp mesh; on more dims "Replicate" below would claim
@@ -91,9 +90,9 @@ def fused_kernel_applies(x: torch.Tensor, modules) -> bool:
     dropout, at most four (they share each Philox call's eight half words), on a plain tensor and
     without module hooks (tensor
     parallel's hooks would turn x into a DTensor inside each module's call; validation refuses the pair)."""
-    from torch.distributed.tensor import DTensor
-
     first = modules[0]
+    if getattr(first, "kernel", "torch") != "fused":  # the default path: one attribute read per call
+        return False
     return (len(modules) <= MAX_ADAPTERS and not isinstance(x, DTensor)
             and all(isinstance(m, LoRALinear) and m.kernel == "fused" and m.training and m.dropout > 0
                     and m.dropout == first.dropout and m.lora_A.out_features == first.lora_A.out_features

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import torch
 
-MAX_ADAPTERS = 4  # the adapters on one element share the eight half words of a Philox call: at most four
+from trainperf.model.lora_layout import (MAX_ADAPTERS, SEGMENT, SLOTS, WORD_BITS, column_groups,  # noqa: F401
+                                         counters_per_row, drop_threshold, elements_per_call, keep_scale,
+                                         padded_width, slots_per_element, takes_rank)
+
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 MASK32 = 0xFFFFFFFF
@@ -58,42 +61,6 @@ def philox4x32(counter: torch.Tensor, seed: int) -> list[torch.Tensor]:
     return philox4x32_rounds(c0, zero, zero, zero, seed & MASK32, (seed >> 32) & MASK32)
 
 
-WORD_BITS = 16  # one keep/drop decision per 16-bit half word
-SLOTS = 8  # half words per Philox call; the forward packs one word of keep bits per slot, row and column group
-SEGMENT = 32  # columns per Philox counter run; a row's columns come in groups of SEGMENT * elements_per_call
-
-
-def drop_threshold(p: float) -> int:
-    """A 16-bit half word >= this keeps its element."""
-    return min(round(p * 2**WORD_BITS), 2**WORD_BITS - 1)
-
-
-def keep_scale(p: float) -> float:
-    """1 / (keep probability): the keep probability is 1 - threshold / 2**16 (p = 0.1: 0.899994), and
-    scaling by its exact inverse keeps the expectation exact."""
-    return 2**WORD_BITS / (2**WORD_BITS - drop_threshold(p))
-
-
-def slots_per_element(n: int) -> int:
-    """Half words one element takes for n adapters: n rounded up to a power of two (1, 2, 4, 4)."""
-    return 1 if n == 1 else 2 if n == 2 else 4
-
-
-def elements_per_call(n: int) -> int:
-    """Elements one Philox call decides for all n adapters: 8, 4, 2, 2."""
-    return SLOTS // slots_per_element(n)
-
-
-def counters_per_row(width: int, n: int) -> int:
-    group = SEGMENT * elements_per_call(n)  # the columns one run of SEGMENT counters covers
-    return -(-width // group) * SEGMENT
-
-
-def padded_width(width: int, n: int) -> int:
-    """Columns the kernels draw for: whole column groups."""
-    return counters_per_row(width, n) * elements_per_call(n)
-
-
 def check_counter_range(rows: int, width: int, n: int) -> None:
     if rows * counters_per_row(width, n) > 2**32:
         raise ValueError(f"the fused LoRA kernel numbers Philox counters in 32 bits; {rows} x {width} needs more")
@@ -114,7 +81,7 @@ def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -
     e, j = (col % group) // SEGMENT, col % SEGMENT
     counter = (torch.arange(rows, device=device, dtype=torch.int64)[:, None] * per_row
                + ((col // group) * SEGMENT + j)[None, :])
-    words = philox4x32(counter, seed)
+    words = torch.stack(philox4x32(counter, seed))  # (4, rows, cols)
     threshold = drop_threshold(p)
     masks = []
     for i in range(n):
@@ -125,10 +92,9 @@ def keep_masks(seed: int, rows: int, cols: int, n: int, p: float, device=None) -
     return masks
 
 
-def _pick(words: list[torch.Tensor], index: torch.Tensor) -> torch.Tensor:
-    """words[index[c]][:, c] for each column c."""
-    stacked = torch.stack(words)  # (4, rows, cols)
-    return stacked.gather(0, index[None, None, :].expand(1, stacked.shape[1], -1))[0]
+def _pick(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """words[index[c], :, c] for each column c of the stacked words (4, rows, cols)."""
+    return words.gather(0, index[None, None, :].expand(1, words.shape[1], -1))[0]
 
 
 def check_kernel_inputs(x: torch.Tensor, a: torch.Tensor, n: int, float32_ok: bool = False) -> int:
@@ -136,7 +102,7 @@ def check_kernel_inputs(x: torch.Tensor, a: torch.Tensor, n: int, float32_ok: bo
     Triton's CPU interpreter, which computes fp32 exactly (and garbles bf16); on a GPU fp32 dots would
     run in tf32."""
     rank = a.shape[0] // n
-    if a.shape != (n * rank, x.shape[1]) or rank < 16 or rank & (rank - 1):
+    if a.shape != (n * rank, x.shape[1]) or not takes_rank(rank):
         raise ValueError(f"the fused LoRA kernel takes adapter ranks that are powers of two >= 16; got A {tuple(a.shape)} "
                          f"for {n} adapters of input width {x.shape[1]}")
     if x.dtype not in (torch.bfloat16, torch.float16) + ((torch.float32,) if float32_ok else ()) or a.dtype != x.dtype:
@@ -194,7 +160,7 @@ def lora_dropout_a(x: torch.Tensor, a: torch.Tensor, seed: torch.Tensor, p: floa
 
 @lora_dropout_a.register_fake
 def _(x, a, seed, p, n):
-    groups = counters_per_row(x.shape[1], n) // SEGMENT
+    groups = column_groups(x.shape[1], n)
     return x.new_empty(x.shape[0], a.shape[0]), x.new_empty(x.shape[0], groups, SLOTS, dtype=torch.int32)
 
 

@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trainperf.model.lora_kernel import (SEGMENT, SLOTS, check_kernel_inputs, counters_per_row, drop_threshold, keep_scale,
+from trainperf.model.lora_kernel import check_kernel_inputs
+from trainperf.model.lora_layout import (SLOTS, column_groups, counters_per_row, drop_threshold, keep_scale,
                                          slots_per_element)
 
 # Block sizes and split counts from a sweep on one H200 (x 8192 x 4096, rank 16, 1 and 3 adapters;
@@ -215,7 +216,7 @@ def forward(x, a, seed, p, n):
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, width = x.shape
     per_row = counters_per_row(width, n)
-    groups = per_row // SEGMENT
+    groups = column_groups(width, n)
     per_split = min(GROUPS_PER_PROGRAM, groups)
     n_splits = triton.cdiv(groups, per_split)
     part = torch.empty(n_splits, rows, n * rank, dtype=torch.float32, device=x.device)
@@ -230,8 +231,7 @@ def backward(dh, x, a, bits, p, n):
     rank = check_kernel_inputs(x, a, n, float32_ok=INTERPRETED)
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, width = x.shape
-    per_row = counters_per_row(width, n)
-    groups = per_row // SEGMENT
+    groups = column_groups(width, n)
     block = 128  # rows per split: a multiple of every config's BLOCK_M
     row_blocks = triton.cdiv(rows, block)
     n_splits = max(1, min(row_blocks, triton.cdiv(BACKWARD_PROGRAMS, groups)))

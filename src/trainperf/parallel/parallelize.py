@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from trainperf.model import flash4  # noqa: F401  registers torch.ops.trainperf.flash4_attn for the policy below
+from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
 from trainperf.model.float8 import apply_float8
 from trainperf.specs import ParallelSpec, RunSpec, layer_memory_modes, stages_per_rank
 

@@ -13,9 +13,9 @@ full recompute, all within 5% (docs/PLANNER.md).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from trainperf.model.lora_layout import mask_record_bytes
 from trainperf.plan.hardware import GPU
 from trainperf.plan.kernels import load_table
 from trainperf.specs import OFFLOAD_PREFETCH_DEPTH, RunSpec, layer_memory_modes, layers_per_stage, stages_per_rank
@@ -186,8 +186,7 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
         mask = 1.0 if compiled else mask_bytes
         dropout = sum((mask + 2.0) * proj[n][0] / (1 if proj[n][2] else t) for n in targets)
     elif lo.enabled and lo.dropout > 0:  # the fused kernel's mask records (model/lora_kernel.py)
-        dropout = sum(_fused_mask_record_bytes(proj[group[0]][0], len(group))
-                      for group in _shared_input_groups(targets))
+        dropout = sum(mask_record_bytes(proj[group[0]][0], len(group)) for group in _shared_input_groups(targets))
     return norms + attn + mlp + inputs + adapters_a + dropout
 
 
@@ -197,15 +196,6 @@ def _shared_input_groups(targets: list[str]) -> list[list[str]]:
               [n for n in ("gate_proj", "up_proj") if n in targets]]
     groups += [[n] for n in ("qkv_proj", "o_proj", "down_proj") if n in targets]
     return [g for g in groups if g]
-
-
-def _fused_mask_record_bytes(width: int, adapters: int) -> float:
-    """Per token: one int32 per half-word slot (8 per Philox call) per column group of 32 counters,
-    each covering 8 / slots elements (slots: adapters rounded up to 1, 2 or 4): 1 bit per element
-    for one adapter, 4 for three (two slots unused)."""
-    slots = 1 if adapters == 1 else 2 if adapters == 2 else 4
-    group = 32 * (8 // slots)
-    return math.ceil(width / group) * 8 * 4
 
 
 def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
