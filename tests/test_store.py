@@ -191,6 +191,36 @@ def test_concurrent_writers(db):
     s.close()
 
 
+def _open_at_once(path: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        Store(path).close()
+    except StoreError as exc:
+        errors.put(str(exc))
+
+
+def test_processes_opening_a_new_store_together_all_get_it(tmp_path):
+    # the ranks of one torchrun open a store that does not exist yet in the same millisecond; SQLite
+    # refuses the switch to WAL at once ("database is locked", no busy wait) while another holds the file.
+    # Before the wait in Store._switch_to_wal, about one round in six failed here.
+    ctx = mp.get_context("fork")  # fork: the four start within microseconds of the barrier
+    errors = ctx.Queue()
+    for round_ in range(40):
+        path = str(tmp_path / f"r{round_}.db")
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_at_once, args=(path, barrier, errors)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=60)
+        assert [p.exitcode for p in procs] == [0] * 4
+        assert errors.empty(), f"round {round_}: {errors.get()}"
+        s = Store(path)
+        assert s.schema_version == SCHEMA_VERSION
+        assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        s.close()
+
+
 def test_reap_dead_runs(db):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

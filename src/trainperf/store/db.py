@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SCHEMA_VERSION = 4
+BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
 
 MIGRATIONS = {
     1: """
@@ -151,14 +152,33 @@ class Store:
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.conn = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None)
+            self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
-            self.conn.execute("PRAGMA busy_timeout = 30000")
-            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.conn.execute("PRAGMA foreign_keys = ON")
+            self._switch_to_wal()
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc})") from None
+
+    def _switch_to_wal(self) -> None:
+        """Put the file in WAL mode once; it stays so.
+
+        Changing the journal mode needs the file to itself, and SQLite answers "database is locked" at
+        once, without waiting on the busy timeout, while another process holds it (the ranks of one
+        torchrun opening a new store together). So wait here, as the busy timeout would.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+            return
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode = WAL")  # a file system without WAL keeps its mode
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def close(self) -> None:
         self.conn.close()
