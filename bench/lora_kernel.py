@@ -4,6 +4,7 @@ and forward + backward, on one GPU, same shapes, one process; ratio printed.
 
 The fused kernel's masks are checked bit for bit against the PyTorch Philox reference
 (model/lora_kernel.py), and its outputs and gradients against the same math done with those masks.
+The fused backward's two forms (one pass; dx and dA apart) are also timed alone.
 
     python bench/lora_kernel.py [--tokens 8192] [--width 4096] [--adapters 3] [--rank 16] [--json FILE]
 """
@@ -105,6 +106,16 @@ def main() -> int:
             result[f"{side}_fwd_bwd_graph_ms"] = median_ms(graphed(forward_backward(fn)), 30, 5)
         except RuntimeError as err:  # a capture that fails says so, the eager figures stand
             result[f"{side}_graph_error"] = str(err).splitlines()[0]
+    # the fused backward's two forms alone (the op runs whichever timed faster on its first call)
+    from trainperf.model import lora_triton
+
+    a = torch.cat(weights).detach()
+    seed = torch.tensor([1], dtype=torch.int64, device=dev)
+    _h, bits = lora_dropout_a(x.detach(), a, seed, p, args.adapters)
+    for name, backward in lora_triton.BACKWARDS.items():
+        result[f"backward_{name}_graph_ms"] = median_ms(
+            graphed(lambda b=backward: b(dh, x.detach(), a, bits, p, args.adapters)), 30, 5)
+    result["backward_picks"] = [list(map(str, key)) + [pick] for key, pick in lora_triton.backward_picks.items()]
     for part in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
         if f"fused_{part}_ms" in result and f"torch_{part}_ms" in result:
             result[f"ratio_{part}"] = result[f"torch_{part}_ms"] / result[f"fused_{part}_ms"]
@@ -116,6 +127,9 @@ def main() -> int:
         if f"ratio_{part}" in result:
             print(f"  {label + ':':32s} torch {result[f'torch_{part}_ms']:.3f} ms   fused {result[f'fused_{part}_ms']:.3f} ms"
                   f"   ratio {result[f'ratio_{part}']:.2f}x")
+    print("  fused backward alone, CUDA graph: " + "   ".join(
+        f"{name} {result[f'backward_{name}_graph_ms']:.3f} ms" for name in lora_triton.BACKWARDS)
+        + f"   (the op picked: {result['backward_picks']})")
     print(f"  check against the Philox reference: {result['check']}")
     if args.json:
         with open(args.json, "a") as fh:

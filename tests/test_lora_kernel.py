@@ -296,8 +296,8 @@ def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed (CPU CI)")
 def test_triton_kernels_under_the_interpreter_match_the_reference():
     """The Triton kernels, run by Triton's CPU interpreter: bit-identical masks (the packed keep bits
-    equal, dx zero exactly where the reference drops), outputs and gradients to fp32 rounding; 1 to 4
-    adapters, ragged edges."""
+    equal, dx zero exactly where the reference drops), outputs and gradients to fp32 rounding, from both
+    backwards (one pass; dx and dA apart); 1 to 4 adapters, ragged edges."""
     script = """
 import torch
 from trainperf.model import lora_kernel, lora_triton
@@ -306,16 +306,48 @@ for rows, width, n, rank in ((70, 80, 3, 16), (33, 64, 1, 32), (64, 48, 4, 16)):
     x, a = torch.randn(rows, width), torch.randn(n * rank, width) * 0.1  # fp32: the interpreter garbles bf16
     dh, seed = torch.randn(rows, n * rank), torch.tensor([2**33 + 99])
     h, bits = lora_triton.forward(x, a, seed, 0.1, n)
-    dx, da = lora_triton.backward(dh, x, a, bits, 0.1, n)
     rh, rbits = lora_kernel.lora_dropout_a(x, a, seed, 0.1, n)
     rdx, rda = lora_kernel.lora_dropout_a_backward(dh, x, a, rbits, 0.1, n)
     assert torch.equal(bits, rbits)
     torch.testing.assert_close(h, rh, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(da, rda, rtol=1e-4, atol=1e-4)
-    assert torch.equal(dx == 0, rdx == 0)
+    for name, backward in lora_triton.BACKWARDS.items():
+        dx, da = backward(dh, x, a, bits, 0.1, n)
+        torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} dx: {m}")
+        torch.testing.assert_close(da, rda, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name} dA: {m}")
+        assert torch.equal(dx == 0, rdx == 0), name
+assert sorted(lora_triton.BACKWARDS) == ["one-pass", "split"]
 print("ok")
 """
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed (CPU CI)")
+def test_the_op_times_both_backwards_once_per_shape_and_keeps_the_faster(monkeypatch):
+    """lora_triton.backward: the first call of a shape runs and times each form, later calls of that
+    shape run the faster one only; a CUDA-graph capture (nothing can be timed) takes the one-pass form."""
+    from trainperf.model import lora_triton
+
+    runs = []
+    speed = {"one-pass": 2.0, "split": 1.0}
+    forms = {name: (lambda *args, name=name: runs.append(name) or name) for name in speed}
+    monkeypatch.setattr(lora_triton, "BACKWARDS", forms)
+    monkeypatch.setattr(lora_triton, "backward_picks", {})
+    monkeypatch.setattr(lora_triton, "INTERPRETED", False)
+    monkeypatch.setattr(lora_triton, "_time_ms", lambda fn: (fn(), speed[runs[-1]])[1])
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    x, a = torch.zeros(8, 64), torch.zeros(48, 64)
+    assert lora_triton.backward(None, x, a, None, 0.1, 3) == "split"
+    assert sorted(runs[:-1]) == ["one-pass", "one-pass", "split", "split"] and runs[-1] == "split"
+    runs.clear()
+    assert lora_triton.backward(None, x, a, None, 0.1, 3) == "split" and runs == ["split"]  # no timing again
+    speed.update({"one-pass": 0.5})
+    assert lora_triton.backward(None, torch.zeros(16, 64), a, None, 0.1, 3) == "one-pass"  # a new shape: timed
+    assert len(lora_triton.backward_picks) == 2
+    runs.clear()
+    capturing[0] = True
+    assert lora_triton.backward(None, torch.zeros(32, 64), a, None, 0.1, 3) == "one-pass" and runs == ["one-pass"]
+    assert len(lora_triton.backward_picks) == 2  # a capture's choice is not remembered

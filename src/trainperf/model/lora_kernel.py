@@ -5,7 +5,8 @@ reads the same input (q, k and v read one normed x).
 draws a mask (bool, one byte per element of x), writes a dropped copy of x, reads it for its rank-r
 GEMM, and keeps mask and copy for the backward. Fused, one forward kernel reads x once for all the
 adapters sharing it and writes only their rank-r outputs and a 1-bit record of each mask; the backward
-kernel reads x and those bits once and writes one input gradient for them all.
+reads x and those bits and writes one input gradient for them all and each A's gradient, either in
+one kernel or in two lighter ones (dx, dA) -- whichever ran faster on the shape's first call.
 
 The masks come from Philox4x32-10 (Salmon et al. 2011; Triton's ``tl.randint4x``) keyed by a 64-bit
 seed drawn from PyTorch's generator once per call, so torch.manual_seed and checkpoint's RNG replay

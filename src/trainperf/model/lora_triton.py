@@ -24,6 +24,8 @@ from trainperf.model.lora_layout import (SLOTS, column_groups, counters_per_row,
 # so that several programs share each SM
 FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 2), (32, 4), (64, 8))]
 BACKWARD_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 4), (64, 4), (64, 8))]
+# the split backward's dx kernel: no cross-block state, so larger row blocks stay cheap (not yet swept)
+DX_CONFIGS = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=3) for bm, w in ((32, 4), (64, 8), (128, 8))]
 GROUPS_PER_PROGRAM = 8  # forward: column groups one program walks (q/k/v: 8 splits; 0.13 ms in the sweep)
 BACKWARD_PROGRAMS = 512  # backward: column groups x row splits (q/k/v: 64 x 8; 0.17 ms in the sweep)
 
@@ -202,6 +204,78 @@ def backward_kernel(x_ptr, a_ptr, dh_ptr, dx_ptr, part_ptr, bits_ptr, M, K, stri
             tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
 
 
+
+@triton.jit
+def dx_kernel(a_ptr, dh_ptr, dx_ptr, bits_ptr, M, K, groups, scale,
+              N: tl.constexpr, R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The backward's input gradient alone: one block of rows by one column group, all adapters summed.
+    It reads neither x nor carries accumulators across row blocks, so it needs far fewer registers
+    than backward_kernel (ptxas: 91-149 against 239-255) and every (rows, group) tile is a program."""
+    E: tl.constexpr = 8 // S
+    SEG: tl.constexpr = 32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = tl.program_id(1)
+    row_ok = rows < M
+    j = tl.arange(0, SEG)
+    ranks = tl.arange(0, R)
+    bits_rows = bits_ptr + (rows.to(tl.int64) * groups + g) * 8
+    dh_rows = dh_ptr + rows[:, None].to(tl.int64) * (N * R) + ranks[None, :]
+    for e in tl.static_range(E):
+        cols = g * (SEG * E) + e * SEG + j
+        dx = tl.zeros((BLOCK_M, SEG), dtype=tl.float32)
+        for i in tl.static_range(N):
+            packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
+            keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+            dh = tl.load(dh_rows + i * R, mask=row_ok[:, None], other=0.0)
+            a = tl.load(a_ptr + (i * R + ranks)[:, None] * K + cols[None, :], mask=cols[None, :] < K, other=0.0)
+            dx += tl.where(keep, tl.dot(dh, a), 0.0)
+        tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (dx * scale).to(dx_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (cols[None, :] < K))
+
+
+@triton.jit
+def da_kernel(x_ptr, dh_ptr, part_ptr, bits_ptr, M, K, stride_xm, groups, rows_per_split, scale,
+              N: tl.constexpr, R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The backward's weight gradients alone: backward_kernel without dx (no dh row tiles, no dx tile)."""
+    E: tl.constexpr = 8 // S
+    SEG: tl.constexpr = 32
+    g = tl.program_id(0)
+    split = tl.program_id(1)
+    j = tl.arange(0, SEG)
+    ranks = tl.arange(0, R)
+    d0 = tl.zeros((R, SEG), dtype=tl.float32)
+    d1 = tl.zeros((R, SEG), dtype=tl.float32)
+    d2 = tl.zeros((R, SEG), dtype=tl.float32)
+    d3 = tl.zeros((R, SEG), dtype=tl.float32)
+    d4 = tl.zeros((R, SEG), dtype=tl.float32)
+    d5 = tl.zeros((R, SEG), dtype=tl.float32)
+    d6 = tl.zeros((R, SEG), dtype=tl.float32)
+    d7 = tl.zeros((R, SEG), dtype=tl.float32)
+    first = split * rows_per_split
+    for m0 in range(first, tl.minimum(first + rows_per_split, M), BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        bits_rows = bits_ptr + (rows.to(tl.int64) * groups + g) * 8
+        dh_cols = dh_ptr + rows[None, :].to(tl.int64) * (N * R) + ranks[:, None]
+        for e in tl.static_range(E):
+            cols = g * (SEG * E) + e * SEG + j
+            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                        mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
+            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            zero = tl.zeros_like(xs)
+            for i in tl.static_range(N):
+                packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
+                keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+                dht = tl.load(dh_cols + i * R, mask=row_ok[None, :], other=0.0)
+                d0, d1, d2, d3, d4, d5, d6, d7 = add_to_slot(e * S + i, tl.dot(dht, tl.where(keep, xs, zero)),
+                                                              d0, d1, d2, d3, d4, d5, d6, d7)
+    for e in tl.static_range(E):
+        cols = g * (SEG * E) + e * SEG + j
+        for i in tl.static_range(N):
+            out = part_ptr + (split * (N * R) + i * R + ranks[:, None]).to(tl.int64) * K + cols[None, :]
+            tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
+
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if INTERPRETED:
     BLOCKS = {"BLOCK_M": 16}
@@ -209,6 +283,8 @@ else:
     BLOCKS = {}
     forward_kernel = triton.autotune(FORWARD_CONFIGS, key=["M", "K", "N", "R"])(forward_kernel)
     backward_kernel = triton.autotune(BACKWARD_CONFIGS, key=["M", "K", "N", "R"])(backward_kernel)
+    dx_kernel = triton.autotune(DX_CONFIGS, key=["M", "K", "N", "R"])(dx_kernel)
+    da_kernel = triton.autotune(BACKWARD_CONFIGS, key=["M", "K", "N", "R"])(da_kernel)
 
 
 def forward(x, a, seed, p, n):
@@ -227,19 +303,79 @@ def forward(x, a, seed, p, n):
     return (part[0] if n_splits == 1 else part.sum(0)).to(x.dtype), bits
 
 
-def backward(dh, x, a, bits, p, n):
+def _row_splits(rows: int, groups: int) -> tuple[int, int]:
+    """(row splits, rows per split) of the dA reduction: BACKWARD_PROGRAMS programs in all, each split a
+    multiple of 128 rows (a multiple of every config's BLOCK_M)."""
+    block = 128
+    row_blocks = triton.cdiv(rows, block)
+    n_splits = max(1, min(row_blocks, triton.cdiv(BACKWARD_PROGRAMS, groups)))
+    rows_per_split = triton.cdiv(row_blocks, n_splits) * block
+    return triton.cdiv(rows, rows_per_split), rows_per_split
+
+
+def backward_one_pass(dh, x, a, bits, p, n):
+    """dx and dA in one kernel: x and the bits read once."""
     rank = check_kernel_inputs(x, a, n, float32_ok=INTERPRETED)
     x = x if x.stride(-1) == 1 else x.contiguous()
     rows, width = x.shape
     groups = column_groups(width, n)
-    block = 128  # rows per split: a multiple of every config's BLOCK_M
-    row_blocks = triton.cdiv(rows, block)
-    n_splits = max(1, min(row_blocks, triton.cdiv(BACKWARD_PROGRAMS, groups)))
-    rows_per_split = triton.cdiv(row_blocks, n_splits) * block
-    n_splits = triton.cdiv(rows, rows_per_split)
+    n_splits, rows_per_split = _row_splits(rows, groups)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     part = torch.empty(n_splits, n * rank, width, dtype=torch.float32, device=x.device)
     backward_kernel[(groups, n_splits)](x, a.contiguous(), dh.contiguous(), dx, part, bits, rows, width, x.stride(0),
                                         groups, rows_per_split, keep_scale(p), N=n, R=rank, S=slots_per_element(n),
                                         **BLOCKS)
     return dx, (part[0] if n_splits == 1 else part.sum(0)).to(a.dtype)
+
+
+def backward_split(dh, x, a, bits, p, n):
+    """dx and dA in two lighter kernels: the bits read twice, x once (dA only), far fewer registers."""
+    rank = check_kernel_inputs(x, a, n, float32_ok=INTERPRETED)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    a, dh = a.contiguous(), dh.contiguous()
+    rows, width = x.shape
+    groups = column_groups(width, n)
+    slots = slots_per_element(n)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), groups)  # noqa: E731
+    dx_kernel[grid](a, dh, dx, bits, rows, width, groups, keep_scale(p), N=n, R=rank, S=slots, **BLOCKS)
+    n_splits, rows_per_split = _row_splits(rows, groups)
+    part = torch.empty(n_splits, n * rank, width, dtype=torch.float32, device=x.device)
+    da_kernel[(groups, n_splits)](x, dh, part, bits, rows, width, x.stride(0), groups, rows_per_split, keep_scale(p),
+                                  N=n, R=rank, S=slots, **BLOCKS)
+    return dx, (part[0] if n_splits == 1 else part.sum(0)).to(a.dtype)
+
+
+BACKWARDS = {"one-pass": backward_one_pass, "split": backward_split}
+backward_picks: dict[tuple, str] = {}  # (rows, width, adapters, rank, dtype, device) -> the faster backward
+
+
+def _time_ms(fn, reps: int = 5) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def pick_backward(dh, x, a, bits, p, n) -> str:
+    """Time both backwards on this shape once (as Triton's autotuner times its configs: the first call
+    of a shape waits for the GPU) and keep the faster; the interpreter and CUDA-graph capture, where
+    nothing can be timed, take the one-pass kernel."""
+    if INTERPRETED or torch.cuda.is_current_stream_capturing():
+        return "one-pass"
+    key = (*x.shape, n, a.shape[0] // n, x.dtype, x.device)
+    if key not in backward_picks:
+        times = {}
+        for name, fn in BACKWARDS.items():
+            fn(dh, x, a, bits, p, n)  # compiles and autotunes its kernels
+            times[name] = _time_ms(lambda: fn(dh, x, a, bits, p, n))
+        backward_picks[key] = min(times, key=times.get)
+    return backward_picks[key]
+
+
+def backward(dh, x, a, bits, p, n):
+    """dx (all adapters summed) and each A's gradient, the masks read from the forward's bits."""
+    return BACKWARDS[pick_backward(dh, x, a, bits, p, n)](dh, x, a, bits, p, n)
