@@ -351,3 +351,15 @@ def test_the_op_times_both_backwards_once_per_shape_and_keeps_the_faster(monkeyp
     capturing[0] = True
     assert lora_triton.backward(None, torch.zeros(32, 64), a, None, 0.1, 3) == "one-pass" and runs == ["one-pass"]
     assert len(lora_triton.backward_picks) == 2  # a capture's choice is not remembered
+    capturing[0] = False
+
+    from triton.runtime.errors import OutOfResources
+
+    def too_big(*args):
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setitem(forms, "split", too_big)  # a form this GPU cannot launch is skipped
+    assert lora_triton.backward(None, torch.zeros(64, 64), a, None, 0.1, 3) == "one-pass"
+    monkeypatch.setitem(forms, "one-pass", too_big)
+    with pytest.raises(RuntimeError, match="no fused LoRA backward runs on this GPU: one-pass: .*shared memory"):
+        lora_triton.backward(None, torch.zeros(128, 64), a, None, 0.1, 3)

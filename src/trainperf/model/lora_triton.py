@@ -12,6 +12,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import TritonError
 
 from trainperf.model.lora_kernel import check_kernel_inputs
 from trainperf.model.lora_layout import (SLOTS, column_groups, counters_per_row, drop_threshold, keep_scale,
@@ -368,10 +369,16 @@ def pick_backward(dh, x, a, bits, p, n) -> str:
         return "one-pass"
     key = (*x.shape, n, a.shape[0] // n, x.dtype, x.device)
     if key not in backward_picks:
-        times = {}
+        times, failures = {}, []
         for name, fn in BACKWARDS.items():
-            fn(dh, x, a, bits, p, n)  # compiles and autotunes its kernels
+            try:
+                fn(dh, x, a, bits, p, n)  # compiles and autotunes its kernels
+            except TritonError as exc:  # a form that cannot compile or launch on this GPU is no candidate
+                failures.append(f"{name}: {exc}")
+                continue
             times[name] = _time_ms(lambda: fn(dh, x, a, bits, p, n))
+        if not times:
+            raise RuntimeError("no fused LoRA backward runs on this GPU: " + "; ".join(failures))
         backward_picks[key] = min(times, key=times.get)
     return backward_picks[key]
 
