@@ -592,6 +592,41 @@ BAD = [
          ("data.path", "vocabulary"), lambda d: make_dataset(d / "ds", high=1000)),
 ]
 
+def _store_garbage(d: Path) -> None:
+    garbage(d / "g.db")
+
+
+def _store_under_a_file(d: Path) -> None:
+    (d / "afile").write_text("x")
+
+
+def _store_damaged_page(d: Path) -> None:
+    from trainperf.store.db import Store
+
+    store = Store(d / "damaged.db")
+    for i in range(30):
+        store.create_run(f"r{i}", "mini", {"x": "y" * 2000}, "dp", 1, "open", False, 1.0, "/tmp", pid=1)
+    store.close()  # the last connection folds the WAL into the file
+    with open(d / "damaged.db", "r+b") as fh:  # zero the second page: the open's checks pass, a query does not
+        fh.seek(4096)
+        fh.write(bytes(4096))
+
+
+STORE_BAD = [
+    Case("store-garbage-run", ("run", "mini-pretrain", "--db", "{in}/g.db"), ("g.db", "not a usable SQLite database"),
+         _store_garbage),
+    Case("store-garbage-trace", ("trace", "mini-pretrain", "--db", "{in}/g.db"), ("g.db", "not a usable SQLite"),
+         _store_garbage),
+    Case("store-garbage-preflight", ("preflight", "--device", "cpu", "--quick", "--db", "{in}/g.db"),
+         ("g.db", "not a usable SQLite"), _store_garbage),
+    Case("store-under-a-file", ("report", "--db", "{in}/afile/sub/t.db"), ("cannot create its folder", "--db"),
+         _store_under_a_file),
+    Case("store-damaged-page", ("report", "--db", "{in}/damaged.db"), ("damaged.db", "is damaged", "malformed"),
+         _store_damaged_page),
+    Case("report-negative-limit", ("report", "--limit", "-5"), ("--limit -5", ">= 1")),
+    Case("report-html-missing-folder", ("report", "--html", "{in}/nodir/r.html"), ("--html", "nodir", "does not exist")),
+]
+
 JSON_BAD = [
     Case("json-unknown-workload", ("run", "nope", "--json"), ("'nope'", "mini-pretrain")),
     Case("json-wrong-type", ("run", "mini-pretrain", "--json", "--set", "train.lr=fast"), ("train.lr", "'fast'")),
@@ -610,8 +645,8 @@ OTHER = [
     Case("plan-good-fp8", ("plan", "mini-lora", "--gpus", "2", "--json", "--set", "hardware.fp8=tensorwise")),
 ]
 
-CASES = {c.id: c for c in BAD + JSON_BAD + OTHER}
-assert len(CASES) == len(BAD) + len(JSON_BAD) + len(OTHER), "duplicate case ids"
+CASES = {c.id: c for c in BAD + STORE_BAD + JSON_BAD + OTHER}
+assert len(CASES) == len(BAD) + len(STORE_BAD) + len(JSON_BAD) + len(OTHER), "duplicate case ids"
 
 
 @dataclass
@@ -626,7 +661,7 @@ def _invoke(case: Case, tmp: Path) -> Result:
     if case.setup:
         case.setup(inputs)
     args = [a.replace("{in}", str(inputs)) for a in case.args]
-    if case.id != "unknown-command" and "--help" not in args:
+    if case.id != "unknown-command" and "--help" not in args and "--db" not in args:
         args += ["--db", str(tmp / "t.db")]
         if args[0] == "run":
             args += ["--out", str(tmp / "runs")]
@@ -698,6 +733,31 @@ def test_cli_bad_input(cli, case_id):
     assert_one_line_error(res.proc, case.expect)
     assert res.proc.stdout.strip() == "", _diag(res.proc)
     assert_nothing_written(res.tmp)
+
+
+@pytest.mark.parametrize("case_id", _params(STORE_BAD))
+def test_cli_unusable_store(cli, case_id):
+    """A --db that cannot hold results (garbage, under a file, a damaged page) or a report that cannot be
+    written: one line, before any run, trace or preflight work (no run folder, nothing measured)."""
+    res = cli[case_id].result()
+    assert_one_line_error(res.proc, CASES[case_id].expect)
+    assert res.proc.stdout.strip() == "", _diag(res.proc)
+    assert_nothing_written(res.tmp)
+
+
+def test_run_and_trace_check_the_store_before_preparing_data(tmp_path, monkeypatch):
+    """`prepare` may build a checkpoint and datasets (mini-lora: seconds; a real one: minutes): a bad
+    --db must be refused before it."""
+    from trainperf import cli as trainperf_cli
+    from trainperf.launch import local
+
+    def prepare(*args, **kwargs):
+        raise AssertionError("prepare ran before the store was checked")
+
+    monkeypatch.setattr(local, "prepare", prepare)
+    garbage(tmp_path / "g.db")
+    for command in (["run", "mini-lora"], ["trace", "mini-lora", "--out", str(tmp_path / "tr")]):
+        assert trainperf_cli.main([*command, "--db", str(tmp_path / "g.db")]) == 2, command
 
 
 @pytest.mark.parametrize("case_id", ["checkpoint-good-then-dataset-missing"])

@@ -145,14 +145,16 @@ ENDLESS = ["--set", "eval.target=0.0001", "--set", "train.max_steps=100000", "--
 
 
 def test_sigterm_marks_run_failed(tmp_path):
-    proc = subprocess.Popen(trainperf_cmd("run", "mini-pretrain", "--nproc-per-node", "2", *ENDLESS,
+    proc = subprocess.Popen(trainperf_cmd("run", "mini-pretrain", "--nproc-per-node", "2", *ENDLESS, "--json",
                                           "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_id = _wait_for_running_row(tmp_path / "t.db")
     time.sleep(3)  # let it train a little
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    summary = json.loads(out)  # a failed run's summary, not a traceback (a sweep reads its run id from it)
+    assert summary["run_id"] == run_id and summary["status"] == "failed"
     row = run_row(tmp_path / "t.db", run_id)
     assert row["status"] == "failed" and row["status_reason"]
     assert row["time_to_train_s"] is None

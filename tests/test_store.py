@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
 import traceback
+
+from pathlib import Path
 
 import pytest
 
@@ -247,6 +250,71 @@ def test_reap_dead_runs(db):
     s.close()
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    try:
+        os.kill(proc.pid, 0)
+        pytest.skip("the exited child's pid was reused already")
+    except ProcessLookupError:
+        return proc.pid
+
+
+def test_a_run_of_another_pid_namespace_is_not_reaped(db):
+    """Containers on one host share its hostname; their pids are not ours to ask. A row whose process
+    lives in another PID namespace is left running; one of ours whose pid is gone is reaped."""
+    import trainperf.store.db as store_db
+
+    s = Store(db)
+    dead = _dead_pid()
+    _create(s, "theirs", pid=dead)
+    _create(s, "ours", pid=dead)
+    s.conn.execute("UPDATE runs SET pid_ns = 'pid:[1]' WHERE run_id = 'theirs'")
+    assert s.get_run("ours")["pid_ns"] == store_db.pid_namespace() is not None
+    assert s.reap_dead_runs() == ["ours"]
+    assert s.get_run("theirs")["status"] == "running"
+    s.close()
+
+
+def test_a_sweep_item_is_claimed_by_one_process_only(db):
+    s = Store(db)
+    items = [{"item_id": name, "workload": "w", "nproc": 1, "overrides": {"train.seed": i}}
+             for i, name in enumerate(("a", "b", "c", "d"))]
+    s.add_sweep_items("sw", items)
+    claimed = s.claim_sweep_item("sw", "a")
+    assert claimed["status"] == "running" and claimed["overrides"] == {"train.seed": 0}
+    row = next(r for r in s.sweep_items("sw") if r["item_id"] == "a")
+    assert (row["status"], row["owner_pid"]) == ("running", os.getpid())
+    assert s.claim_sweep_item("sw", "a") is None  # held by a live process (this one)
+    s.set_sweep_item("sw", "b", "success", "run-b")
+    assert s.claim_sweep_item("sw", "b") is None  # finished: never again
+    s.conn.execute("UPDATE sweep_items SET status = 'running', owner_host = ?, owner_pid = ? WHERE item_id = 'c'",
+                   (socket.gethostname(), _dead_pid()))
+    assert s.claim_sweep_item("sw", "c")["item_id"] == "c"  # its sweep died: taken over
+    s.conn.execute("UPDATE sweep_items SET status = 'running', owner_host = 'elsewhere', owner_pid = 1 WHERE item_id = 'd'")
+    assert s.claim_sweep_item("sw", "d") is None  # another host's process cannot be asked
+    assert s.claim_sweep_item("sw", "nope") is None
+    s.close()
+
+
+@pytest.mark.parametrize("case", ["under-a-file", "a-folder", "read-only-file", "read-only-folder"])
+def test_unusable_store_paths_are_one_line_errors(tmp_path, monkeypatch, case):
+    (tmp_path / "afile").write_text("x")
+    path = {"under-a-file": tmp_path / "afile" / "sub" / "t.db", "a-folder": tmp_path,
+            "read-only-file": tmp_path / "ro.db", "read-only-folder": tmp_path / "new.db"}[case]
+    if case == "read-only-file":
+        Store(path).close()
+    if case.startswith("read-only"):  # os.access, as a user without root's override sees it
+        locked = path if case == "read-only-file" else tmp_path
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    words = {"under-a-file": "cannot create its folder", "a-folder": "is a folder",
+             "read-only-file": "is read-only here", "read-only-folder": "is read-only here"}[case]
+    with pytest.raises(StoreError, match=words) as err:
+        Store(path)
+    assert "\n" not in str(err.value) and "--db" in str(err.value)
+
+
 def test_mark_failed_if_running(db):
     s = Store(db)
     _create(s, "ok")
@@ -305,7 +373,12 @@ def test_v1_store_migrates_to_current_schema_keeping_runs(tmp_path, monkeypatch)
     path = tmp_path / "old.db"
     monkeypatch.setattr(db, "SCHEMA_VERSION", 1)
     old = db.Store(path)
-    old.create_run("r1", "mini-lora", {"a": 1}, "dp_shard=1", 1, "open", False, 0.9, str(tmp_path))
+    # the row as a v1 trainperf wrote it (today's create_run names columns v1 lacks)
+    with old.transaction() as c:
+        c.execute("""INSERT INTO runs (run_id, created_at, workload, status, division, comparable, spec_json, layout,
+                     world_size, hardware_json, software_json, git_sha, host, pid, target, out_dir)
+                     VALUES ('r1', 1.0, 'mini-lora', 'running', 'open', 0, '{"a": 1}', 'dp_shard=1', 1, '{}', '{}',
+                     NULL, 'h', 1, 0.9, ?)""", (str(tmp_path),))
     old.finish_run("r1", status="success", time_to_train_s=3.5)
     assert old.schema_version == 1
     old.close()

@@ -83,3 +83,66 @@ def test_bad_sweep_file_is_bad_input(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "non-empty list" in out.stderr
     assert Store(tmp_path / "t.db").sweep_items() == []
+
+
+TWICE = """name: shared
+runs:
+  - workload: mini-pretrain
+    seeds: [1, 2]
+    set:
+      train.max_steps: 2
+      hardware.device: cpu
+"""
+
+
+def test_two_sweeps_of_one_name_run_each_item_once_and_only_their_own(tmp_path):
+    """Two processes on one file claim items in the store, so neither runs what the other runs; a
+    second file under the same name runs its own items, not the first file's."""
+    (tmp_path / "a.yaml").write_text(TWICE)
+    (tmp_path / "b.yaml").write_text(TWICE.replace("seeds: [1, 2]", "seeds: [3]"))
+    db = tmp_path / "t.db"
+    Store(db).close()  # created before, so neither sweep's open races its creation
+    args = ["--db", str(db), "--out", str(tmp_path / "runs"), "--json"]
+    procs = [subprocess.Popen(trainperf_cmd("sweep", "a.yaml", *args), cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    store = Store(db)
+    runs = store.list_runs()
+    items = store.sweep_items("shared")
+    assert len(runs) == 2 and sorted(i["run_id"] for i in items) == sorted(r["run_id"] for r in runs)
+    b = subprocess.run(trainperf_cmd("sweep", "b.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr[-1500:]
+    runs_after = Store(db).list_runs()
+    assert len(runs_after) == 3
+    seeds = {json.loads(r["spec_json"])["train"]["seed"] for r in runs_after}
+    assert seeds == {1, 2, 3}
+
+
+def test_sigterm_to_a_sweep_stops_its_run_and_leaves_the_item_to_resume(tmp_path):
+    import signal
+    import time
+
+    (tmp_path / "s.yaml").write_text("""name: stopme
+runs:
+  - workload: mini-pretrain
+    set:
+      eval.target: 0.0001
+      train.max_steps: 100000
+      hardware.device: cpu
+""")
+    db = tmp_path / "t.db"
+    proc = subprocess.Popen(trainperf_cmd("sweep", "s.yaml", "--db", str(db), "--out", str(tmp_path / "runs")),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (db.exists() and Store(db).list_runs()):
+        time.sleep(0.5)
+    time.sleep(2)  # the run is training
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "sweep stopped (received SIGTERM)" in err, err[-1500:]
+    store = Store(db)
+    (item,) = store.sweep_items("stopme")
+    (run,) = store.list_runs()
+    assert run["status"] == "failed"  # the signal reached the run, which recorded its end
+    assert item["status"] == "pending" and item["run_id"] == run["run_id"] and "resumed" in item["reason"]

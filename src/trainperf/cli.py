@@ -379,6 +379,7 @@ def cmd_tune(args) -> int:
 
 def cmd_sweep(args) -> int:
     from trainperf.launch import sweep
+    from trainperf.launch.local import Interrupted
     from trainperf.store.db import Store, StoreError
 
     try:
@@ -396,6 +397,9 @@ def cmd_sweep(args) -> int:
             counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait)
     except (SpecError, StoreError) as exc:
         return _bad_input(str(exc), args.json)
+    except Interrupted as exc:
+        print(f"trainperf: sweep stopped ({exc}); the same command resumes it", file=sys.stderr)
+        return EXIT_FAILED
     if args.json:
         print(json.dumps(counts, indent=2))
     else:
@@ -428,19 +432,27 @@ def cmd_report(args) -> int:
     from trainperf.report.table import print_table, rows_for_json
     from trainperf.store.db import Store, StoreError
 
+    from pathlib import Path
+
+    if args.limit < 1:
+        return _bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)
+    html = getattr(args, "html", None)
+    if html and not Path(html).parent.is_dir():
+        return _bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)
     try:
         store = Store(args.db)
     except StoreError as exc:
         return _bad_input(str(exc), args.json)
     store.reap_dead_runs()
     runs = store.list_runs(workload=args.workload, limit=args.limit)
-    if getattr(args, "html", None):
-        from pathlib import Path
-
+    if html:
         from trainperf.report.html import render
 
         steps = {r["run_id"]: store.steps(r["run_id"]) for r in runs}
-        Path(args.html).write_text(render(runs, steps))
+        try:
+            Path(html).write_text(render(runs, steps))
+        except OSError as exc:
+            return _bad_input(f"--html {html!r}: cannot write it ({exc.strerror})", args.json)
     store.close()
     if args.json:
         print(json.dumps(rows_for_json(runs), indent=2))
@@ -495,12 +507,12 @@ def cmd_run(args, workload: str | None = None) -> int:
             args.nproc_per_node = 1
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+        from trainperf.store.db import Store
+
+        Store(args.db).close()  # a bad --db fails here, before any work (prepare may build data)
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _info = local.prepare(workload, args.config, args.overrides, world)
-        from trainperf.store.db import Store
-
-        Store(args.db).close()  # a bad --db fails here, before any work
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
     except Exception as exc:
@@ -600,7 +612,17 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"run": cmd_run, "plan": cmd_plan, "tune": cmd_tune, "sweep": cmd_sweep, "workloads": cmd_workloads, "report": cmd_report,
                 "demo": cmd_demo, "score": cmd_score, "data": cmd_data,
                 "preflight": _preflight, "trace": _trace}
-    return handlers[args.command](args)
+    import sqlite3
+
+    from trainperf.store.db import StoreError
+
+    try:
+        return handlers[args.command](args)
+    except StoreError as exc:  # a store that went bad after it opened (e.g. read-only, full disk)
+        return _bad_input(str(exc), getattr(args, "json", False))
+    except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks
+        return _bad_input(f"results store {getattr(args, 'db', None)!r} is damaged ({exc}); restore it from a "
+                          "backup or give another --db", getattr(args, "json", False))
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def git_sha() -> str | None:
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     from trainperf.store.db import Store
-    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, train
+    from trainperf.train.loop import RunContext, RunInterrupted, apply_cuda_alloc_conf, train
 
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
@@ -171,6 +171,8 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             returncode = _run_torchrun(cmd, env)
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
+    except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
+        store.mark_failed_if_running(run_id, f"interrupted: {exc}")
     except BaseException as exc:
         store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
         raise
@@ -210,7 +212,13 @@ def _raise_interrupted(signum, frame):
 def _run_torchrun(cmd: list[str], env: dict, stdout=None) -> int:
     """Run torchrun (its output to ``stdout`` if given); on SIGTERM/SIGINT pass the signal on (torchrun
     forwards it to every rank, whose handler records the failure), wait for the ranks, then re-raise."""
-    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout else None)
+    return run_passing_signals(cmd, env, stdout, subprocess.STDOUT if stdout else None)
+
+
+def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, stderr=None) -> int:
+    """Run ``cmd`` to its end; a SIGTERM/SIGINT to us goes on to it as SIGTERM (so it records its own
+    end), and once it has exited (60 s at most, then killed) is raised here as Interrupted."""
+    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return proc.wait()

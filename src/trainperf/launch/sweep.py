@@ -29,8 +29,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import subprocess
 import sys
+import tempfile
 
 from trainperf.specs import SpecError, load_config_file
 
@@ -122,28 +122,53 @@ def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
 
 def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
                echo=print) -> dict:
-    """Run every pending item, one after another; returns counts by final status."""
+    """Run the file's unfinished items, one after another; returns counts by final status.
+
+    Each item is claimed in the store before it runs, so two sweeps started on one file (or two files
+    that share a name) never run an item twice; an item another live process holds is skipped."""
+    from trainperf.launch.local import Interrupted, run_passing_signals
+
     store.add_sweep_items(sweep_id, items)
-    for row in store.sweep_items(sweep_id):
-        if row["status"] in ("success", "failed"):
-            continue  # finished before: a sweep is idempotent
-        store.set_sweep_item(sweep_id, row["item_id"], "running")
+    for item in items:
+        row = store.claim_sweep_item(sweep_id, item["item_id"])
+        if row is None:
+            continue  # finished before (a sweep is idempotent), or running in another sweep process
         cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
                "--json", "--db", db, "--out", out, *_set_args(row["overrides"])]
         for s in extra_sets:
             cmd += ["--set", s]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        try:
-            summary = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            summary = {}
-        status = "success" if proc.returncode == 0 else "failed"
+        with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+            try:
+                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr)
+            except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
+                store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
+                                     f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")
+                raise
+            summary, err = _read_json(stdout), _read(stderr)
+        status = "success" if returncode == 0 else "failed"
         reason = summary.get("status_reason") or summary.get("error") or (
-            proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else None)
+            err.strip().splitlines()[-1] if returncode and err.strip() else None)
         store.set_sweep_item(sweep_id, row["item_id"], status, summary.get("run_id"), reason)
         echo(f"{status:7s} {row['workload']} x{row['nproc']} {_set_args(row['overrides'])[1::2]} "
              f"{summary.get('run_id') or ''} {reason or ''}".rstrip())
     return status_counts(store, sweep_id)
+
+
+def _read(fh) -> str:
+    fh.seek(0)
+    return fh.read()
+
+
+def _read_json(fh) -> dict:
+    try:
+        return json.loads(_read(fh))
+    except json.JSONDecodeError:
+        return {}
+
+
+def _run_id(stdout) -> str | None:
+    """The run id an interrupted `trainperf run --json` printed, if it got so far."""
+    return _read_json(stdout).get("run_id")
 
 
 def status_counts(store, sweep_id: str | None = None, refresh: bool = True) -> dict:

@@ -165,8 +165,18 @@ def run(args) -> int:
             from trainperf.plan.hardware import load_gpu
 
             load_gpu(args.gpu)  # a bad --gpu is bad input: say so before measuring
+        if getattr(args, "db", None):  # so is a --db that cannot store the result
+            from trainperf.store.db import Store
+
+            Store(args.db).close()
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
+    except Exception as exc:
+        from trainperf.store.db import StoreError
+
+        if isinstance(exc, StoreError):
+            return _bad_input(str(exc), args.json)
+        raise
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if external else 0
     run_dir = None
     if not external:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
 
 MIGRATIONS = {
@@ -123,6 +123,14 @@ MIGRATIONS = {
         PRIMARY KEY (preflight_id, idx)
     );
     """,
+    # v5: which process namespace a run's pid and a sweep item's claim belong to (a pid means nothing
+    # across PID namespaces: containers on one host share its hostname)
+    5: """
+    ALTER TABLE runs ADD COLUMN pid_ns TEXT;
+    ALTER TABLE sweep_items ADD COLUMN owner_host TEXT;
+    ALTER TABLE sweep_items ADD COLUMN owner_pid_ns TEXT;
+    ALTER TABLE sweep_items ADD COLUMN owner_pid INTEGER;
+    """,
 }
 
 RUN_RESULT_FIELDS = (
@@ -134,6 +142,24 @@ RUN_RESULT_FIELDS = (
 
 class StoreError(RuntimeError):
     pass
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace ('pid:[4026531836]'), None where /proc has none (not Linux)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _is_ours_and_dead(host: str | None, pid_ns: str | None, pid: int | None) -> bool:
+    """A process recorded as (host, PID namespace, pid) that is known gone. Another host's, or another
+    namespace's, cannot be asked: it is not known gone. Rows from before v5 have no namespace."""
+    if host != socket.gethostname() or pid is None:
+        return False
+    if pid_ns is not None and pid_ns != pid_namespace():
+        return False
+    return not _pid_alive(pid)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -149,8 +175,20 @@ def _pid_alive(pid: int) -> bool:
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if self.path.parent and not self.path.parent.exists():
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"results store {str(self.path)!r}: cannot create its folder ({exc.strerror}); "
+                             "give a --db path in a folder you can write") from None
+        if self.path.is_dir():
+            raise StoreError(f"results store {str(self.path)!r} is a folder; give --db a file in it, e.g. "
+                             f"{str(self.path / 'trainperf.db')!r}")
+        # SQLite opens a read-only file and fails only at the first write (a run's row, a report's reaping);
+        # WAL also creates files beside it
+        for where in (self.path, self.path.parent):
+            if where.exists() and not os.access(where, os.W_OK):
+                raise StoreError(f"results store {str(self.path)!r} is read-only here ({str(where)!r} is not "
+                                 "writable); copy it to a folder you can write and give that as --db")
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
@@ -198,7 +236,8 @@ class Store:
             version = c.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
-                    f"results store {str(self.path)!r} has schema v{version}, newer than this trainperf (v{SCHEMA_VERSION})")
+                    f"results store {str(self.path)!r} has schema v{version}, newer than this trainperf's "
+                    f"(v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 # statement by statement: executescript() would COMMIT mid-transaction
                 for stmt in MIGRATIONS[v].split(";"):
@@ -219,11 +258,11 @@ class Store:
         with self.transaction() as c:
             c.execute(
                 """INSERT INTO runs (run_id, created_at, workload, status, division, comparable, spec_json, layout,
-                   world_size, hardware_json, software_json, git_sha, host, pid, target, out_dir)
-                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   world_size, hardware_json, software_json, git_sha, host, pid, pid_ns, target, out_dir)
+                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (run_id, time.time(), workload, division, int(comparable), json.dumps(spec, sort_keys=True), layout,
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
-                 pid if pid is not None else os.getpid(), target, out_dir),
+                 pid if pid is not None else os.getpid(), pid_namespace(), target, out_dir),
             )
 
     def update_run_info(self, run_id: str, **fields: Any) -> None:
@@ -270,10 +309,10 @@ class Store:
             return cur.rowcount == 1
 
     def reap_dead_runs(self) -> list[str]:
-        """Rows left 'running' by a process of this host that is gone become 'failed'."""
-        host = socket.gethostname()
-        rows = self.conn.execute("SELECT run_id, pid FROM runs WHERE status = 'running' AND host = ?", (host,)).fetchall()
-        dead = [r["run_id"] for r in rows if r["pid"] is not None and not _pid_alive(r["pid"])]
+        """Rows left 'running' by a process of this host (and PID namespace) that is gone become 'failed'."""
+        rows = self.conn.execute("SELECT run_id, host, pid_ns, pid FROM runs WHERE status = 'running' AND host = ?",
+                                 (socket.gethostname(),)).fetchall()
+        dead = [r["run_id"] for r in rows if _is_ours_and_dead(r["host"], r["pid_ns"], r["pid"])]
         for run_id in dead:
             self.mark_failed_if_running(run_id, "the process running it died before it finished")
         return dead
@@ -317,6 +356,24 @@ class Store:
                       "finished_at = CASE WHEN ? IN ('success', 'failed') THEN ? ELSE finished_at END "
                       "WHERE sweep_id = ? AND item_id = ?",
                       (status, run_id, reason, status, now, status, now, sweep_id, item_id))
+
+    def claim_sweep_item(self, sweep_id: str, item_id: str) -> dict | None:
+        """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
+        or 'running' for a process known gone (an interrupted sweep). The claimed row, or None when it is
+        finished or another live process (or one that cannot be asked) holds it."""
+        with self.transaction() as c:
+            row = c.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?", (sweep_id, item_id)).fetchone()
+            if row is None or row["status"] in ("success", "failed"):
+                return None
+            if row["status"] == "running" and row["owner_pid"] is not None and not _is_ours_and_dead(
+                    row["owner_host"], row["owner_pid_ns"], row["owner_pid"]):
+                return None
+            c.execute("UPDATE sweep_items SET status = 'running', reason = NULL, started_at = ?, owner_host = ?, "
+                      "owner_pid_ns = ?, owner_pid = ? WHERE sweep_id = ? AND item_id = ?",
+                      (time.time(), socket.gethostname(), pid_namespace(), os.getpid(), sweep_id, item_id))
+        out = dict(row) | {"status": "running"}
+        out["overrides"] = json.loads(out.pop("overrides_json"))
+        return out
 
     def sweep_items(self, sweep_id: str | None = None) -> list[dict]:
         q, args = "SELECT * FROM sweep_items", []

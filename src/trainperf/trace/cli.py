@@ -88,15 +88,21 @@ def run(args) -> int:
     from trainperf.specs import SpecError
 
     db = args.db or str(Path(args.out) / "trace.db")
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        Store(db).close()  # a bad --db fails before any work
+    except StoreError as exc:
+        return _bad_input(str(exc), args.json)
     try:
         Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _bad_input(f"--out {args.out!r}: cannot create it ({exc.strerror})", args.json)
+    try:
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _ = local.prepare(args.workload, args.config, trace_overrides(args), world)
-        from trainperf.store.db import Store
-
-        Store(db).close()
-    except SpecError as exc:
+    except (SpecError, StoreError) as exc:
         return _bad_input(str(exc), args.json)
     if ext:
         summary = local.run_as_external_rank(spec, args.out, db, False)
