@@ -16,7 +16,9 @@ expands to the cartesian product of its lists. Each item is registered in the st
 every item that already finished and only runs what is pending (or was interrupted).
 
 ``backend: local`` (the default): items run one after another through `trainperf run` in their own
-process tree, so an OOM or a crash is recorded against that item and the queue goes on.
+process tree, so an OOM or a crash is recorded against that item and the queue goes on. An item is
+claimed in the store before it runs (two sweep processes never run one item twice); a SIGTERM to the
+sweep reaches the run, and the item goes back to pending for the next invocation.
 ``backend: slurm`` with a ``slurm:`` mapping (partition, nodes, gpus_per_node, time, account,
 extra_sbatch, setup, container_image, container_mounts, ...; see launch/slurm.py): one sbatch job per
 unfinished item, its job id recorded on the item; re-running the file collects finished jobs and
