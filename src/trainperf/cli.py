@@ -621,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     except StoreError as exc:  # a store that went bad after it opened (e.g. read-only, full disk)
         return _bad_input(str(exc), getattr(args, "json", False))
     except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks
+        if isinstance(exc, (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError)):
+            raise  # a row this trainperf should not have written: a bug, not a damaged file
         return _bad_input(f"results store {getattr(args, 'db', None)!r} is damaged ({exc}); restore it from a "
                           "backup or give another --db", getattr(args, "json", False))
 

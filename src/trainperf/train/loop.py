@@ -399,7 +399,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
 
     step_log = LaggedLog(emit)
     status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
-    evals_done = 0
+    evals_done, diverged = 0, None
     engine.train()
     step = 0
     prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)  # a no-op unless train.profile_steps > 0
@@ -444,6 +444,9 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
                 evals_done += 1
                 log.event(KEYS.EVAL_ACCURACY, eval_loss, samples_count=samples, epoch_num=epoch_num)
                 log.end(KEYS.EVAL_STOP, samples_count=samples, epoch_num=epoch_num)
+                if not math.isfinite(eval_loss):  # no later eval can come back from it (and JSON has no nan)
+                    diverged = f"the eval loss is {eval_loss} after {samples} samples: training diverged"
+                    break
                 final_eval = eval_loss
                 ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
                                   "elapsed_s": time.perf_counter() - run_start})
@@ -461,8 +464,8 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
     step_times = clock.times()
     if status != "success":
         stop_time = time.perf_counter()
-        reason = (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
-                  f"({evals_done} evals, last {final_eval if final_eval is None else round(final_eval, 4)})")
+        reason = diverged or (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
+                              f"({evals_done} evals, last {final_eval if final_eval is None else round(final_eval, 4)})")
         log.end(KEYS.BLOCK_STOP, samples_count=step * t.global_batch_size, epoch_num=step * t.global_batch_size / len(train_split))
         log.end(KEYS.RUN_STOP, final_eval, samples_count=step * t.global_batch_size, status="aborted")
 
