@@ -145,6 +145,9 @@ def test_set_value_coerces(key, value, expected):
         ("train.bogus", 1, ["train.bogus", "valid keys", "global_batch_size"]),
         ("bogus.key", 1, ["'bogus'", "valid sections", "train"]),
         ("nodot", 1, ["'nodot'", "section.key"]),
+        ("train.lr", "nan", ["train.lr", "finite number", "'nan'"]),
+        ("train.grad_clip", "inf", ["train.grad_clip", "finite number"]),
+        ("hardware.host_mem_gib", float("nan"), ["hardware.host_mem_gib", "finite number"]),
     ],
 )
 def test_set_value_rejects(key, value, words):
@@ -296,6 +299,41 @@ def test_eval_interval_rounds_up_to_gbs_multiple(every, gbs, expected):
     spec = _spec()
     spec.eval.every_samples, spec.train.global_batch_size = every, gbs
     assert eval_interval_samples(spec) == expected
+
+
+@pytest.mark.parametrize("override, words", [
+    ("train.weight_decay=-1", ["train.weight_decay=-1.0", ">= 0"]),
+    ("train.beta1=2", ["train.beta1=2.0", "[0, 1)"]),
+    ("train.beta2=-0.1", ["train.beta2=-0.1", "[0, 1)"]),
+    ("train.eps=-1", ["train.eps=-1.0", "> 0"]),
+    ("train.min_lr_ratio=5", ["train.min_lr_ratio=5.0", "[0, 1]"]),
+    ("train.log_every=0", ["train.log_every=0", ">= 1"]),
+    ("train.log_every=-1", ["train.log_every=-1", ">= 1"]),
+    ("eval.batch_size=0", ["eval.batch_size=0", ">= 1"]),
+    ("model.rope_theta=-1", ["model.rope_theta=-1.0", "> 0"]),
+    ("model.rms_norm_eps=-1", ["model.rms_norm_eps=-1.0", "> 0"]),
+    ("parallel.pp_stages_per_rank=-1", ["parallel.pp_stages_per_rank=-1", ">= 0"]),
+    ("hardware.peak_tflops=-5", ["hardware.peak_tflops=-5.0", ">= 0"]),
+    ("hardware.gpu=h999", ["hardware.gpu='h999'", "h200", "peak_tflops"]),
+    ("data.eval_samples=-1", ["data.eval_samples=-1", ">= 0"]),
+    ("model.num_heads=7", ["model.hidden_size=64", "model.num_heads=7"]),
+    ("data.seq_len=100000", ["data.seq_len=100000", "max_position_embeddings"]),
+])
+def test_resolve_spec_rejects_values_out_of_range(override, words):
+    """What needs no world size fails in resolve_spec already, so `plan`, `tune` and sweeps (which price
+    or queue specs without validate()) refuse it too, in one line."""
+    with pytest.raises(SpecError) as info:
+        resolve_spec(mini_pretrain_defaults(), None, [override])
+    msg = str(info.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_lora_alpha_must_be_positive_only_when_lora_is_on():
+    with pytest.raises(SpecError, match=r"lora.alpha=0.0: must be > 0"):
+        resolve_spec(mini_lora_defaults(), None, ["lora.alpha=0"])
+    assert resolve_spec(mini_pretrain_defaults(), None, ["lora.alpha=0"]).lora.alpha == 0  # no adapters: unused
 
 
 @pytest.mark.parametrize(

@@ -31,10 +31,33 @@ def test_expand_spans_the_grid_with_stable_ids():
     ({"name": "s", "runs": [{"nproc_per_node": 2}]}, "needs a workload"),
     ({"name": "s", "runs": [{"workload": "x", "gpus": 2}]}, "unknown keys"),
     ({"name": "s", "runs": [{"workload": "x", "set": ["a"]}]}, "must map"),
+    ({"name": "s", "runs": [{"workload": "x", "nproc_per_node": "abc"}]}, "nproc_per_node must be a whole number"),
+    ({"name": "s", "runs": [{"workload": "x", "nproc_per_node": [None]}]}, "nproc_per_node must be a whole number"),
+    ({"name": "s", "runs": [{"workload": "x", "nproc_per_node": 0}]}, "nproc_per_node must be a whole number >= 1"),
+    ({"name": "s", "runs": [{"workload": "x", "nproc_per_node": 1.7}]}, "nproc_per_node must be a whole number"),
+    ({"name": "s", "runs": [{"workload": "x", "nproc_per_node": []}]}, "nproc_per_node must be a whole number"),
+    ({"name": "s", "runs": [{"workload": "x", "seeds": ["one"]}]}, "seeds must be a whole number"),
 ])
 def test_malformed_sweeps_are_refused(data, words):
     with pytest.raises(SpecError, match=words):
         expand(data, "f")
+
+
+def test_a_typo_in_any_item_refuses_the_sweep_before_the_first_run(tmp_path):
+    from trainperf.launch.sweep import load_sweep
+
+    (tmp_path / "s.yaml").write_text("""name: t
+runs:
+  - workload: mini-pretrain
+    set:
+      train.micro_batch_size: [8, abc]
+  - workload: no-such-workload
+""")
+    with pytest.raises(SpecError, match=r"mini-pretrain x1 \['train.micro_batch_size=abc'\]: train.micro_batch_size"):
+        load_sweep(str(tmp_path / "s.yaml"))
+    (tmp_path / "s.yaml").write_text("name: t\nruns:\n  - workload: no-such-workload\n")
+    with pytest.raises(SpecError, match="unknown workload 'no-such-workload'"):
+        load_sweep(str(tmp_path / "s.yaml"))
 
 
 SWEEP = """name: nightly

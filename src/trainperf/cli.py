@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from trainperf.specs import SpecError
 
@@ -197,6 +198,10 @@ def cmd_plan(args) -> int:
     try:
         if args.gpus < 1:
             raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
+        if args.top < 1:
+            raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
+        if args.samples is not None and not args.samples > 0:
+            raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
         # the spec first (resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8):
         # bad input fails before the GPU file is read or the store is opened for a preflight
         base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
@@ -204,7 +209,6 @@ def cmd_plan(args) -> int:
         measured_note = None
         if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
             import dataclasses
-            from pathlib import Path
 
             from trainperf.store.db import Store, StoreError
 
@@ -353,7 +357,18 @@ def cmd_tune(args) -> int:
         headroom = _headroom(args)
         if args.gpus < 1 or args.top < 1 or args.steps < 2:
             raise SpecError("--gpus and --top must be >= 1 and --steps >= 2 (the first step is warm-up)")
+        if not args.budget_minutes > 0 or args.abandon_factor < 0 or args.keep_within < 0:
+            raise SpecError(f"--budget-minutes must be > 0, --abandon-factor and --keep-within >= 0 (got "
+                            f"{args.budget_minutes}, {args.abandon_factor}, {args.keep_within})")
         base = resolve_spec(get_workload(args.workload).defaults(), None, args.overrides)
+        if base.hardware.device != "cpu":  # trials run here: on this machine's GPUs
+            import torch
+
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if args.gpus > visible:
+                raise SpecError(f"--gpus {args.gpus}: tune measures its trials on this machine's GPUs and {visible} "
+                                f"{'is' if visible == 1 else 'are'} visible; give --gpus <= {visible}, or "
+                                "--set hardware.device=cpu to tune on the CPU")
         fits, _ = plan(base, load_gpu(args.gpu), args.gpus, args.gpus, objective="throughput", headroom=headroom)
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
@@ -432,8 +447,6 @@ def cmd_report(args) -> int:
     from trainperf.report.table import print_table, rows_for_json
     from trainperf.store.db import Store, StoreError
 
-    from pathlib import Path
-
     if args.limit < 1:
         return _bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)
     html = getattr(args, "html", None)
@@ -507,9 +520,11 @@ def cmd_run(args, workload: str | None = None) -> int:
             args.nproc_per_node = 1
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
-        from trainperf.store.db import Store
+        from trainperf.store.db import check_store_path
 
-        Store(args.db).close()  # a bad --db fails here, before any work (prepare may build data)
+        check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise SpecError(f"--out {args.out!r} is a file; give a folder for the runs' artefacts")
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _info = local.prepare(workload, args.config, args.overrides, world)

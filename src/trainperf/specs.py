@@ -246,13 +246,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp in (int, float):
         what = "an integer" if tp is int else "a number"
         if not isinstance(value, bool):  # bool is an int subclass, never a count
+            number = None
             if isinstance(value, (int, float)) and (tp is float or float(value).is_integer()):
-                return tp(value)
-            if isinstance(value, str):
+                number = tp(value)
+            elif isinstance(value, str):
                 try:
-                    return tp(value)
+                    number = tp(value)
                 except ValueError:
                     pass
+            if number is not None:
+                if tp is float and not math.isfinite(number):
+                    raise SpecError(f"{key}: expected a finite number, got {value!r}")
+                return number
         raise SpecError(f"{key}: expected {what}, got {value!r}")
     if tp is str:
         if isinstance(value, (dict, list)):
@@ -297,7 +302,10 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"config file {path!r} does not exist")
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise SpecError(f"config file {path!r} could not be read as text ({exc.__class__.__name__})") from None
     try:
         if p.suffix.lower() == ".toml":
             import tomllib
@@ -333,6 +341,7 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
         key, value = parse_override(item)
         set_value(spec, key, value)
     check_choices(spec)  # plan and tune price the spec without validate(): a misspelt name fails here
+    check_values(spec)  # and a value out of its range
     return spec
 
 
@@ -583,6 +592,81 @@ def check_choices(spec: RunSpec) -> None:
             raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
 
 
+def _at_least(key: str, value, low, note: str = "") -> None:
+    if value < low:
+        raise SpecError(f"{key}={value}: must be >= {low}{note}")
+
+
+def _above(key: str, value, low, note: str = "") -> None:
+    if value <= low:
+        raise SpecError(f"{key}={value}: must be > {low}{note}")
+
+
+def check_values(spec: RunSpec) -> None:
+    """Every number in its range, and the model's own arithmetic: what needs neither the world size nor
+    a checkpoint. resolve_spec runs it (``plan``, ``tune`` and sweeps too), validate again."""
+    m, lo, p, t, d, e, h = spec.model, spec.lora, spec.parallel, spec.train, spec.data, spec.eval, spec.hardware
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "max_position_embeddings"):
+        _at_least(f"model.{name}", getattr(m, name), 1)
+    if m.hidden_size % m.num_heads:
+        raise SpecError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.num_heads % m.num_kv_heads:
+        raise SpecError(
+            f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
+        )
+    if m.head_dim % 2:
+        raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
+    for name in ("rope_theta", "rms_norm_eps", "init_std"):
+        _above(f"model.{name}", getattr(m, name), 0)
+    _at_least("lora.rank", lo.rank, 0, " (0 disables LoRA)")
+    if lo.enabled:
+        _above("lora.alpha", lo.alpha, 0, " (the adapters' scale is alpha / rank)")
+        if not 0.0 <= lo.dropout < 1.0:
+            raise SpecError(f"lora.dropout={lo.dropout}: must be in [0, 1)")
+    _at_least("parallel.pp_stages_per_rank", p.pp_stages_per_rank, 0, " (0: the schedule's default)")
+    _at_least("train.micro_batch_size", t.micro_batch_size, 1)
+    _at_least("train.global_batch_size", t.global_batch_size, 1)
+    _above("train.lr", t.lr, 0)
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise SpecError(f"train.min_lr_ratio={t.min_lr_ratio}: must be in [0, 1] (the cosine ends at lr x min_lr_ratio)")
+    _at_least("train.warmup_steps", t.warmup_steps, 0)
+    _at_least("train.decay_steps", t.decay_steps, 0, " (0: the cosine ends at max_steps)")
+    _at_least("train.weight_decay", t.weight_decay, 0.0)
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(t, name) < 1.0:
+            raise SpecError(f"train.{name}={getattr(t, name)}: must be in [0, 1)")
+    _above("train.eps", t.eps, 0)
+    _at_least("train.grad_clip", t.grad_clip, 0.0, " (0 disables clipping)")
+    _at_least("train.max_steps", t.max_steps, 1)
+    _at_least("train.recompute_layers", t.recompute_layers, -1, " (-1: every layer)")
+    _at_least("train.offload_layers", t.offload_layers, 0)
+    _at_least("train.log_every", t.log_every, 1, " (steps between logged losses)")
+    _at_least("train.untimed_warmup_steps", t.untimed_warmup_steps, 0)
+    _at_least("train.loss_chunk_tokens", t.loss_chunk_tokens, 0, " (0: no chunking)")
+    if min(t.profile_steps, t.profile_warmup, t.profile_wait) < 0:
+        raise SpecError("train.profile_steps, profile_warmup and profile_wait must be >= 0")
+    _above("train.collective_timeout_s", t.collective_timeout_s, 0, " seconds")
+    if not 0 <= t.metrics_port < 65536:
+        raise SpecError(f"train.metrics_port={t.metrics_port}: must be a TCP port (1-65535), or 0 for none")
+    _at_least("data.seq_len", d.seq_len, 2)
+    if d.seq_len > m.max_position_embeddings and not m.path:  # a checkpoint's config.json may raise it
+        raise SpecError(f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}")
+    _at_least("data.train_samples", d.train_samples, 0)
+    _at_least("data.eval_samples", d.eval_samples, 0)
+    _at_least("eval.every_samples", e.every_samples, 1)
+    _at_least("eval.skip_first", e.skip_first, -1, " (-1: the MLPerf LoRA rule)")
+    _at_least("eval.batch_size", e.batch_size, 1)
+    _at_least("hardware.peak_tflops", h.peak_tflops, 0.0, " (0: look it up from hardware.gpu)")
+    if h.gpu != "auto":
+        from trainperf.train.metrics import PEAK_BF16_FLOPS, peak_flops_for
+
+        if peak_flops_for(h.gpu) is None:
+            raise SpecError(f"hardware.gpu={h.gpu!r}: no peak FLOP/s known for it; valid: auto (the device's own "
+                            f"name), {', '.join(PEAK_BF16_FLOPS)}, or give hardware.peak_tflops")
+    _at_least("hardware.host_mem_gib", h.host_mem_gib, 0.0, " (0: this machine's memory)")
+
+
 def _validate_optimizer(t: TrainSpec) -> None:
     import importlib.util
 
@@ -594,21 +678,9 @@ def _validate_optimizer(t: TrainSpec) -> None:
 def validate(spec: RunSpec, world_size: int) -> None:
     """Raise SpecError on the first problem; call before any process is launched."""
     check_choices(spec)  # names first: the layout's arithmetic reads some of them (pp_schedule)
+    check_values(spec)
     resolve_layout(spec, world_size)
     m, t, lo, d, e = spec.model, spec.train, spec.lora, spec.data, spec.eval
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
-        if getattr(m, name) < 1:
-            raise SpecError(f"model.{name}={getattr(m, name)}: must be >= 1")
-    if m.hidden_size % m.num_heads:
-        raise SpecError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
-    if m.num_heads % m.num_kv_heads:
-        raise SpecError(
-            f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
-        )
-    if m.head_dim % 2:
-        raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
-    if t.micro_batch_size < 1 or t.global_batch_size < 1:
-        raise SpecError("train.micro_batch_size and train.global_batch_size must be >= 1")
     dp = data_parallel_size(spec.parallel)
     if t.global_batch_size % (dp * t.micro_batch_size):
         raise SpecError(
@@ -619,8 +691,6 @@ def validate(spec: RunSpec, world_size: int) -> None:
     _validate_attention(spec)
     _validate_lora_kernel(spec)
     _validate_optimizer(t)
-    if spec.hardware.host_mem_gib < 0:
-        raise SpecError(f"hardware.host_mem_gib={spec.hardware.host_mem_gib}: must be >= 0 (0: this machine's memory)")
     per_stage = layers_per_stage(spec)
     if not 0 <= t.offload_layers <= per_stage:
         raise SpecError(f"train.offload_layers={t.offload_layers}: must be 0..{per_stage} (the decoder layers of one "
@@ -635,19 +705,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if t.recompute_others != "none" and (t.recompute != "full" or t.recompute_layers == -1):
         raise SpecError(f"train.recompute_others={t.recompute_others} applies to the layers train.recompute_layers "
                         "leaves out: it needs train.recompute=full and train.recompute_layers=0..layers per stage")
-    if t.lr <= 0:
-        raise SpecError(f"train.lr={t.lr}: must be > 0")
-    if t.max_steps < 1:
-        raise SpecError(f"train.max_steps={t.max_steps}: must be >= 1")
-    if t.warmup_steps < 0 or t.decay_steps < 0:
-        raise SpecError("train.warmup_steps and train.decay_steps must be >= 0")
-    if t.grad_clip < 0:
-        raise SpecError(f"train.grad_clip={t.grad_clip}: must be >= 0 (0 disables clipping)")
-    if lo.rank < 0:
-        raise SpecError(f"lora.rank={lo.rank}: must be >= 0 (0 disables LoRA)")
     if lo.enabled:
-        if not 0.0 <= lo.dropout < 1.0:
-            raise SpecError(f"lora.dropout={lo.dropout}: must be in [0, 1)")
         valid = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if m.fused_qkv else (
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
         bad = [x for x in lo.target_modules if x not in valid]
@@ -657,27 +715,13 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if d.path is None and (d.train_samples < 1 or d.eval_samples < 0):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")
-    if d.seq_len < 2:
-        raise SpecError(f"data.seq_len={d.seq_len}: must be >= 2")
     if d.seq_len > m.max_position_embeddings:
         raise SpecError(
             f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"
         )
-    if e.every_samples < 1 or e.skip_first < -1:
-        raise SpecError("eval.every_samples must be >= 1 and eval.skip_first >= 0 (or -1: the MLPerf LoRA rule)")
-    if t.loss_chunk_tokens < 0:
-        raise SpecError(f"train.loss_chunk_tokens={t.loss_chunk_tokens}: must be >= 0 (0: no chunking)")
     if t.loss_chunk_tokens > 0 and (spec.parallel.tp > 1 or spec.parallel.pp > 1):
         raise SpecError("train.loss_chunk_tokens > 0 needs parallel.tp=1 and parallel.pp=1 (tensor parallel already "
                         "shards the logits over the vocabulary; the pipeline's last stage computes its own loss)")
-    if min(t.profile_steps, t.profile_warmup, t.profile_wait) < 0:
-        raise SpecError("train.profile_steps, profile_warmup and profile_wait must be >= 0")
-    if t.collective_timeout_s <= 0:
-        raise SpecError(f"train.collective_timeout_s={t.collective_timeout_s}: must be > 0 seconds")
-    if not 0 <= t.metrics_port < 65536:
-        raise SpecError(f"train.metrics_port={t.metrics_port}: must be a TCP port (1-65535), or 0 for none")
-    if t.untimed_warmup_steps < 0:
-        raise SpecError(f"train.untimed_warmup_steps={t.untimed_warmup_steps}: must be >= 0")
     if spec.hardware.frozen_dtype == "fp8" and not (spec.lora.enabled and spec.hardware.fp8 == "tensorwise"):
         raise SpecError("hardware.frozen_dtype=fp8 stores LoRA's frozen base in float8 for the tensorwise float8 "
                         f"GEMMs; it needs lora.rank > 0 and hardware.fp8=tensorwise (got lora.rank={spec.lora.rank}, "

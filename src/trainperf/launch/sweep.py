@@ -75,9 +75,15 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
         if not isinstance(sets, dict):
             raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
         keys = sorted(sets)
-        grid = itertools.product(_as_list(block.get("nproc_per_node", default_nproc)), _as_list(block.get("seeds", [None])),
-                                 *[_as_list(sets[k]) for k in keys])
-        for nproc, seed, *values in grid:
+        nprocs = _as_list(block.get("nproc_per_node", default_nproc))
+        bad_nproc = [n for n in nprocs if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+        if bad_nproc or not nprocs:
+            raise SpecError(f"{where}: runs[{i}].nproc_per_node must be a whole number >= 1 or a list of them "
+                            f"(got {block.get('nproc_per_node')!r})")
+        seeds = _as_list(block.get("seeds", [None]))
+        if not seeds or any(x is not None and (isinstance(x, bool) or not isinstance(x, int)) for x in seeds):
+            raise SpecError(f"{where}: runs[{i}].seeds must be a whole number or a list of them (got {block.get('seeds')!r})")
+        for nproc, seed, *values in itertools.product(nprocs, seeds, *[_as_list(sets[k]) for k in keys]):
             overrides = dict(zip(keys, values))
             if seed is not None:
                 overrides["train.seed"] = seed
@@ -94,7 +100,36 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
 
 
 def load_sweep(path: str) -> tuple[str, list[dict]]:
-    return expand(load_config_file(path), f"sweep file {path!r}")
+    name, items = expand(load_config_file(path), f"sweep file {path!r}")
+    for item in items:  # names, types and ranges: a typo in item 7 stops the sweep now, not after six runs
+        _item_spec(item, f"sweep file {path!r}")
+    return name, items
+
+
+def _item_label(item: dict) -> str:
+    return f"{item['workload']} x{item['nproc']} {_set_args(item['overrides'])[1::2]}"
+
+
+def _item_spec(item: dict, where: str):
+    from trainperf.specs import resolve_spec
+    from trainperf.workloads import get_workload
+
+    try:
+        return resolve_spec(get_workload(item["workload"]).defaults(), None, _set_args(item["overrides"])[1::2])
+    except SpecError as exc:
+        raise SpecError(f"{where}: {_item_label(item)}: {exc}") from None
+
+
+def layout_problem(item: dict) -> str | None:
+    """Why the item's layout cannot run on its process count (a grid may span combinations that do not
+    divide: those are recorded as failed at once, the rest run), or None."""
+    from trainperf.specs import validate
+
+    try:
+        validate(_item_spec(item, "sweep"), item["nproc"])
+    except SpecError as exc:
+        return str(exc)
+    return None
 
 
 def _set_args(overrides: dict) -> list[str]:
@@ -131,10 +166,15 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
     from trainperf.launch.local import Interrupted, run_passing_signals
 
     store.add_sweep_items(sweep_id, items)
-    for item in items:
+    problems = {item["item_id"]: layout_problem(item) for item in items}
+    for item in sorted(items, key=lambda it: problems[it["item_id"]] is None):  # the refused ones first, at once
         row = store.claim_sweep_item(sweep_id, item["item_id"])
         if row is None:
             continue  # finished before (a sweep is idempotent), or running in another sweep process
+        if problems[item["item_id"]]:
+            store.set_sweep_item(sweep_id, row["item_id"], "failed", None, problems[item["item_id"]])
+            echo(f"failed  {_item_label(row)} {problems[item['item_id']]}")
+            continue
         cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
                "--json", "--db", db, "--out", out, *_set_args(row["overrides"])]
         for s in extra_sets:
@@ -151,8 +191,7 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
         reason = summary.get("status_reason") or summary.get("error") or (
             err.strip().splitlines()[-1] if returncode and err.strip() else None)
         store.set_sweep_item(sweep_id, row["item_id"], status, summary.get("run_id"), reason)
-        echo(f"{status:7s} {row['workload']} x{row['nproc']} {_set_args(row['overrides'])[1::2]} "
-             f"{summary.get('run_id') or ''} {reason or ''}".rstrip())
+        echo(f"{status:7s} {_item_label(row)} {summary.get('run_id') or ''} {reason or ''}".rstrip())
     return status_counts(store, sweep_id)
 
 

@@ -166,9 +166,9 @@ def run(args) -> int:
 
             load_gpu(args.gpu)  # a bad --gpu is bad input: say so before measuring
         if getattr(args, "db", None):  # so is a --db that cannot store the result
-            from trainperf.store.db import Store
+            from trainperf.store.db import check_store_path
 
-            Store(args.db).close()
+            check_store_path(args.db)
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
     except Exception as exc:

@@ -172,6 +172,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def check_store_path(path: str | os.PathLike) -> None:
+    """StoreError if a store at ``path`` could not be opened or created, without creating anything
+    (bad input must leave no file behind): an existing one is opened and checked, a new one's nearest
+    existing folder must be a writable folder."""
+    path = Path(path)
+    if path.exists():
+        Store(path).close()
+        return
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise StoreError(f"results store {str(path)!r}: cannot create its folder ({str(ancestor)!r} is a file); "
+                         "give a --db path in a folder you can write")
+    if not os.access(ancestor, os.W_OK):
+        raise StoreError(f"results store {str(path)!r}: {str(ancestor)!r} is not writable; give a --db path in a "
+                         "folder you can write")
+
+
 class Store:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)

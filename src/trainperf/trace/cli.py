@@ -88,10 +88,10 @@ def run(args) -> int:
     from trainperf.specs import SpecError
 
     db = args.db or str(Path(args.out) / "trace.db")
-    from trainperf.store.db import Store, StoreError
+    from trainperf.store.db import StoreError, check_store_path
 
     try:
-        Store(db).close()  # a bad --db fails before any work
+        check_store_path(db)  # a bad --db fails before any work
     except StoreError as exc:
         return _bad_input(str(exc), args.json)
     try:
