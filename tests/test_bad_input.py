@@ -450,6 +450,16 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
         return "mini-pretrain", [f"data.path={tmp / 'ds'}", "eval.target=1"]
     if kind == "data-no-target":
         return "mini-pretrain", [f"data.path={make_dataset(tmp / 'ds')}"]
+    if kind == "data-float-ids":
+        from safetensors.torch import save_file
+
+        (tmp / "ds").mkdir()
+        for split in ("train", "validation"):
+            save_file({"input_ids": torch.zeros(32, SEQ), "loss_mask": torch.ones(32, SEQ, dtype=torch.bool)},
+                      str(tmp / "ds" / f"{split}.safetensors"))
+        return "mini-pretrain", [f"data.path={tmp / 'ds'}", "eval.target=1"]
+    if kind == "generated-no-eval-rows":
+        return "mini-lora", ["data.eval_samples=0"]
     raise AssertionError(kind)
 
 
@@ -468,6 +478,8 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
         ("data-too-few-rows", ["data.path", "4 training rows", "(16)"]),
         ("data-wrong-tensors", ["data.path", "input_ids and loss_mask", "tokens"]),
         ("data-no-target", ["eval.target"]),
+        ("data-float-ids", ["data.path", "input_ids are F32", "integers"]),
+        ("generated-no-eval-rows", ["data.eval_samples=0", "mini-lora generates", "at least 1 row"]),
     ],
 )
 def test_prepare_rejects(tmp_path, kind, words):
@@ -650,19 +662,29 @@ def _store_damaged_page(d: Path) -> None:
         fh.write(bytes(4096))
 
 
+def _empty_store(path: Path) -> None:
+    from trainperf.store.db import Store
+
+    Store(path).close()
+
+
 STORE_BAD = [
+    Case("report-missing-store", ("report", "--db", "{in}/typo.db"), ("no results store at", "typo.db", "--db")),
+    Case("sweep-status-missing-store", ("sweep", "status", "--db", "{in}/typo.db"), ("no results store at", "typo.db")),
     Case("store-garbage-run", ("run", "mini-pretrain", "--db", "{in}/g.db"), ("g.db", "not a usable SQLite database"),
          _store_garbage),
     Case("store-garbage-trace", ("trace", "mini-pretrain", "--db", "{in}/g.db"), ("g.db", "not a usable SQLite"),
          _store_garbage),
     Case("store-garbage-preflight", ("preflight", "--device", "cpu", "--quick", "--db", "{in}/g.db"),
          ("g.db", "not a usable SQLite"), _store_garbage),
-    Case("store-under-a-file", ("report", "--db", "{in}/afile/sub/t.db"), ("cannot create its folder", "--db"),
+    Case("store-under-a-file", ("plan", "mini-lora", "--gpus", "1", "--db", "{in}/afile/sub/t.db"),
+         ("cannot create its folder", "--db"),
          _store_under_a_file),
     Case("store-damaged-page", ("report", "--db", "{in}/damaged.db"), ("damaged.db", "is damaged", "malformed"),
          _store_damaged_page),
     Case("report-negative-limit", ("report", "--limit", "-5"), ("--limit -5", ">= 1")),
-    Case("report-html-missing-folder", ("report", "--html", "{in}/nodir/r.html"), ("--html", "nodir", "does not exist")),
+    Case("report-html-missing-folder", ("report", "--html", "{in}/nodir/r.html", "--db", "{in}/e.db"),
+         ("--html", "nodir", "does not exist"), lambda d: _empty_store(d / "e.db")),
 ]
 
 JSON_BAD = [
@@ -679,7 +701,7 @@ JSON_BAD = [
 OTHER = [
     Case("workloads-json", ("workloads", "--json")),
     Case("run-help", ("run", "--help")),
-    Case("report-json-empty", ("report", "--json")),
+    Case("report-json-empty", ("report", "--json", "--db", "{in}/empty.db"), (), lambda d: _empty_store(d / "empty.db")),
     Case("plan-good-fp8", ("plan", "mini-lora", "--gpus", "2", "--json", "--set", "hardware.fp8=tensorwise")),
 ]
 
@@ -781,6 +803,7 @@ def test_cli_unusable_store(cli, case_id):
     assert_one_line_error(res.proc, CASES[case_id].expect)
     assert res.proc.stdout.strip() == "", _diag(res.proc)
     assert_nothing_written(res.tmp)
+    assert not (res.tmp / "in" / "typo.db").exists()
 
 
 def test_run_and_trace_check_the_store_before_preparing_data(tmp_path, monkeypatch):

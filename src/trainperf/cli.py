@@ -398,6 +398,8 @@ def cmd_sweep(args) -> int:
     from trainperf.store.db import Store, StoreError
 
     try:
+        if args.target == "status" and not Path(args.db).exists():
+            raise StoreError(f"no results store at {args.db!r} (nothing recorded there); give the --db your sweep used")
         store = Store(args.db)
         if args.target == "status":
             counts = sweep.status_counts(store)
@@ -449,6 +451,9 @@ def cmd_report(args) -> int:
 
     if args.limit < 1:
         return _bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)
+    if not Path(args.db).exists():  # a misspelt --db would otherwise be a new, empty store: "0 runs"
+        return _bad_input(f"no results store at {args.db!r} (nothing recorded there); give the --db your runs used",
+                          args.json)
     html = getattr(args, "html", None)
     if html and not Path(html).parent.is_dir():
         return _bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)
@@ -597,7 +602,7 @@ def cmd_demo(args) -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() < args.nproc_per_node:
         args.overrides.append("hardware.device=cpu")
     rc = cmd_run(args, workload="mini-lora")
-    if not args.json:
+    if not args.json and rc != EXIT_BAD_INPUT:  # nothing ran: no table under the error
         report_args = argparse.Namespace(db=args.db, json=False, workload=None, limit=10, html=None)
         cmd_report(report_args)
     return rc

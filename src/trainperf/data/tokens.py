@@ -54,6 +54,9 @@ def save_split(split: TokenSplit, path: Path) -> None:
         raise
 
 
+INTEGER_DTYPES = ("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")  # safetensors' names
+
+
 def inspect_dataset(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
     """Header-only check of a dataset dir: files present, readable, shapes consistent. Rows per split."""
     p = Path(path)
@@ -71,10 +74,14 @@ def inspect_dataset(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
                     raise SpecError(f"data.path {path!r}: {f.name} must hold input_ids and loss_mask, found {sorted(names)}")
                 shape = list(sf.get_slice("input_ids").get_shape())
                 mshape = list(sf.get_slice("loss_mask").get_shape())
+                id_dtype = sf.get_slice("input_ids").get_dtype()
         except SpecError:
             raise
         except Exception as exc:
             raise SpecError(f"data.path {path!r}: {f.name} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+        if id_dtype not in INTEGER_DTYPES:
+            raise SpecError(f"data.path {path!r}: {f.name} input_ids are {id_dtype}; token ids must be integers "
+                            f"({', '.join(INTEGER_DTYPES)})")
         if len(shape) != 2 or shape != mshape:
             raise SpecError(f"data.path {path!r}: {f.name} input_ids {shape} and loss_mask {mshape} must be equal 2-D shapes")
         if shape[1] != seq_len:

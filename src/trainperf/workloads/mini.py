@@ -28,7 +28,7 @@ import torch
 
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
 from trainperf.data.tokens import TokenSplit, save_split
-from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec,
+from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec, SpecError,
                              TrainSpec)
 
 VOCAB, BRANCHING, SOURCE_SEED = 64, 3, 1
@@ -197,9 +197,17 @@ def mini_lora_defaults() -> RunSpec:
     )
 
 
+def _need_generated_rows(spec: RunSpec) -> None:
+    d = spec.data
+    if d.train_samples < 1 or d.eval_samples < 1:
+        raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: {spec.workload} "
+                        "generates its dataset and needs at least 1 row of each (or give data.path)")
+
+
 def prepare_mini_pretrain(spec: RunSpec) -> dict:
     info: dict = {}
     if spec.data.path is None:
+        _need_generated_rows(spec)
         path, info = pretrain_dataset(spec.data.train_samples, spec.data.eval_samples)
         spec.data.path = str(path)
         if spec.eval.target < 0:
@@ -209,6 +217,8 @@ def prepare_mini_pretrain(spec: RunSpec) -> dict:
 
 def prepare_mini_lora(spec: RunSpec) -> dict:
     info: dict = {}
+    if spec.data.path is None:
+        _need_generated_rows(spec)  # before the base checkpoint is built
     if spec.model.path is None:
         path, base_info = base_checkpoint()
         spec.model.path = str(path)
