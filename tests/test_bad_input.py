@@ -458,6 +458,8 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
             save_file({"input_ids": torch.zeros(32, SEQ), "loss_mask": torch.ones(32, SEQ, dtype=torch.bool)},
                       str(tmp / "ds" / f"{split}.safetensors"))
         return "mini-pretrain", [f"data.path={tmp / 'ds'}", "eval.target=1"]
+    if kind == "ckpt-contradicted":
+        return "mini-lora", [f"model.path={make_checkpoint(tmp / 'ck')}", "model.num_layers=3"]
     if kind == "generated-no-eval-rows":
         return "mini-lora", ["data.eval_samples=0"]
     raise AssertionError(kind)
@@ -479,6 +481,7 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
         ("data-wrong-tensors", ["data.path", "input_ids and loss_mask", "tokens"]),
         ("data-no-target", ["eval.target"]),
         ("data-float-ids", ["data.path", "input_ids are F32", "integers"]),
+        ("ckpt-contradicted", ["model.num_layers=3 contradicts", "num_hidden_layers=2", "drop the model.num_layers"]),
         ("generated-no-eval-rows", ["data.eval_samples=0", "mini-lora generates", "at least 1 row"]),
     ],
 )

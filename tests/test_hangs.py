@@ -97,3 +97,23 @@ def test_bad_metrics_port_is_refused(tmp_path):
     out = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--json", "--db", str(tmp_path / "t.db"),
                                        "--metrics-port", "70000"), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "metrics_port" in json.loads(out.stdout)["error"]
+
+
+def test_a_metrics_address_that_cannot_be_served_is_refused_before_launch():
+    """Checked in prepare: the server binds it only after the model is built."""
+    import socket
+
+    import pytest
+
+    from trainperf.launch.local import check_metrics_endpoint
+    from trainperf.specs import SpecError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SpecError, match=f"train.metrics_port={port} on 127.0.0.1: cannot listen there"):
+            check_metrics_endpoint("127.0.0.1", port)
+    check_metrics_endpoint("127.0.0.1", port)  # free again
+    with pytest.raises(SpecError, match="train.metrics_host='999.1.1.1' does not resolve"):
+        check_metrics_endpoint("999.1.1.1", port)

@@ -436,9 +436,11 @@ def test_gbs_search_ranks_by_rcp_time_to_train():
 
     base = llama2_70b_lora_defaults()
     assert rcp_batch_sizes(base) == [8, 16, 32, 128]
-    fits, _ = plan(base, PRESETS["h100"], 64, 8, gbs_values=[8, 24, 256])
+    fits, _ = plan(base, PRESETS["h100"], 64, 8, gbs_values=[8, 24])
     seen = {c.spec.train.global_batch_size for c in fits}
-    assert seen == {8, 24}  # 24 is interpolated between the 16 and 128 RCPs; 256 is beyond every RCP: unrankable
+    assert seen == {8, 24}  # 24 is interpolated between the 16 and 128 RCPs
+    with pytest.raises(SpecError, match=r"--gbs 256: no MLPerf RCP .* span GBS 8 to 128"):  # beyond every RCP: unrankable
+        plan(base, PRESETS["h100"], 64, 8, gbs_values=[8, 24, 256])
     assert fits == sorted(fits, key=lambda c: (c.time_to_train_s, c.est.reserved_gib))
     with pytest.raises(SpecError, match="--gbs"):
         plan(base, PRESETS["h100"], 64, 8, samples=3000, gbs_values=[8, 16])

@@ -362,8 +362,8 @@ def resolve_layout(spec: RunSpec, world_size: int) -> None:
     if p.dp_shard == -1:
         if world_size % others:
             raise SpecError(
-                f"world size {world_size} is not divisible by dp_replicate*tp*cp*pp={others}; "
-                f"choose dp_replicate dividing {world_size}"
+                f"world size {world_size} is not divisible by parallel.tp x cp x pp x dp_replicate = {p.tp} x {p.cp} x "
+                f"{p.pp} x {p.dp_replicate} = {others}; choose them so that their product divides {world_size}"
             )
         p.dp_shard = world_size // others
     if p.dp_shard < 1:

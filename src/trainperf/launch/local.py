@@ -34,12 +34,17 @@ def external_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
 
 
-def _apply_checkpoint_config(spec: RunSpec, world_size: int) -> None:
-    """A checkpoint's config.json defines the architecture; its tensors must match it."""
+def _apply_checkpoint_config(spec: RunSpec, world_size: int, asked: dict | None = None) -> None:
+    """A checkpoint's config.json defines the architecture; its tensors must match it. ``asked``: the
+    model fields the user set (--set, --config) away from the workload's defaults -- one that
+    config.json contradicts would be silently replaced, so it is an error."""
     where = f"model.path {spec.model.path!r}: config.json"
     index = ckpt.inspect_checkpoint(spec.model.path)
     fields = ckpt.hf_config_to_model_fields(index.config, f"model.path {spec.model.path!r}")
     for k, v in fields.items():
+        if k in (asked or {}) and asked[k] != v:
+            raise SpecError(f"model.{k}={asked[k]} contradicts {where} ({ckpt.HF_CONFIG_KEYS[k]}={v}): the "
+                            f"checkpoint defines the architecture; drop the model.{k} override")
         try:
             set_value(spec, f"model.{k}", v)
         except SpecError as exc:
@@ -57,7 +62,9 @@ def _apply_checkpoint_config(spec: RunSpec, world_size: int) -> None:
 def prepare(workload: str, config: str | None, overrides: list[str], world_size: int) -> tuple[RunSpec, dict]:
     """Everything that can fail on bad input, in order, before any process starts. Raises SpecError."""
     wl = get_workload(workload)
-    spec = resolve_spec(wl.defaults(), config, overrides)
+    defaults = wl.defaults()
+    spec = resolve_spec(defaults, config, overrides)
+    asked = {k: getattr(spec.model, k) for k in ckpt.HF_CONFIG_KEYS if getattr(spec.model, k) != getattr(defaults.model, k)}
     if spec.hardware.device == "cuda":
         import torch
 
@@ -68,10 +75,10 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
     check_closed_rules(spec, architecture=False)  # a fixed hyperparameter changed in closed: say so first
     validate(spec, world_size)
     if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
-        _apply_checkpoint_config(spec, world_size)
+        _apply_checkpoint_config(spec, world_size, asked)
     info = wl.prepare(spec)
     if spec.model.path:
-        _apply_checkpoint_config(spec, world_size)
+        _apply_checkpoint_config(spec, world_size, asked)
     if not spec.data.path:
         raise SpecError(f"workload {workload!r} needs data.path (a dataset directory)")
     rows = inspect_any(spec.data.path, spec.data.seq_len, spec.model.vocab_size)
@@ -88,9 +95,30 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
         raise SpecError("eval.target is not set: give eval.target=VALUE (the eval loss that ends the run)")
     if spec.hardware.memory_check:
         check_device_memory(spec, world_size)
+    if spec.train.metrics_port and external_launcher() is None:  # rank 0 serves it on this machine
+        check_metrics_endpoint(spec.train.metrics_host, spec.train.metrics_port)
     if spec.train.seed < 0:
         spec.train.seed = secrets.randbelow(2**31 - 1)  # MLPerf: every run logs its own seed
     return spec, info
+
+
+def check_metrics_endpoint(host: str, port: int) -> None:
+    """The address rank 0 will serve live metrics on: resolvable here and free now (the server binds
+    it after the model is built; a bad one would end the run there)."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise SpecError(f"train.metrics_host={host!r} does not resolve ({exc.strerror}); give an address of this "
+                        "machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise SpecError(f"train.metrics_port={port} on {host}: cannot listen there ({exc.strerror}); "
+                            "choose a free port, or another train.metrics_host") from None
 
 
 def visible_gpu() -> tuple[str, float] | None:

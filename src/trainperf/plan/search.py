@@ -146,6 +146,14 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     if gbs_values and samples:
         raise SpecError("--gbs searches the global batch size with samples to converge from the MLPerf RCPs; "
                         "drop --samples (one sample count cannot hold for every GBS)")
+    if gbs_values:  # each GBS is ranked by the samples its RCP says it converges in: one without RCP cannot be
+        uncovered = [g for g in gbs_values if rcp_samples(_apply(base, {"train.global_batch_size": g})) is None]
+        if uncovered:
+            covered = rcp_batch_sizes(base)
+            raise SpecError(f"--gbs {','.join(map(str, uncovered))}: no MLPerf RCP gives samples to converge at that "
+                            "global batch size; " + (f"the RCPs span GBS {covered[0]} to {covered[-1]} ({', '.join(map(str, covered))}; "
+                                                     "interpolated between)" if covered else
+                                                     f"{base.workload} has no RCPs (give --samples and no --gbs)"))
     fixed_samples = samples or (None if gbs_values else rcp_samples(base))
     fits, oom = [], []
     rcp_cache: dict[int, float | None] = {}
