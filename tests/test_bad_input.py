@@ -898,3 +898,21 @@ def test_fp8_without_torchao_is_a_clear_error(monkeypatch):
     spec = resolve_spec(mini_pretrain_defaults(), None, ["hardware.fp8=rowwise"])
     with pytest.raises(SpecError, match="needs torchao"):
         validate(spec, 1)
+
+
+def test_a_cpu_run_larger_than_the_hosts_memory_is_refused_before_anything_is_built(monkeypatch):
+    """On CPU the floor is the weights plus the trainable ones' gradients and AdamW state: 7B LoRA in
+    fp32 is 25 GiB; full training of the same model four times that."""
+    from trainperf.launch import local
+    from trainperf.workloads.mini import synthetic_lora_defaults
+
+    spec = resolve_spec(synthetic_lora_defaults(), None, ["hardware.device=cpu"])
+    assert 24 < local.host_memory_floor_gib(spec) < 26
+    full = resolve_spec(synthetic_lora_defaults(), None, ["hardware.device=cpu", "lora.rank=0"])
+    assert local.host_memory_floor_gib(full) == pytest.approx(4 * local.host_memory_floor_gib(spec), rel=0.01)
+    monkeypatch.setattr(local, "_available_host_gib", lambda: 16.0)
+    with pytest.raises(SpecError, match=r"out of memory predicted: on CPU this run holds at least 25\.\d GiB .* 16\.0 GiB"):
+        local.check_host_memory(spec)
+    monkeypatch.setattr(local, "_available_host_gib", lambda: 64.0)
+    local.check_host_memory(spec)  # fits
+    assert local.host_memory_floor_gib(resolve_spec(mini_lora_defaults(), None, [])) < 0.01

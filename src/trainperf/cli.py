@@ -643,8 +643,11 @@ def main(argv: list[str] | None = None) -> int:
     except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks
         if isinstance(exc, (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.ProgrammingError)):
             raise  # a row this trainperf should not have written: a bug, not a damaged file
-        return _bad_input(f"results store {getattr(args, 'db', None)!r} is damaged ({exc}); restore it from a "
-                          "backup or give another --db", getattr(args, "json", False))
+        db = getattr(args, "db", None)
+        if "malformed" in str(exc) or "not a database" in str(exc):
+            return _bad_input(f"results store {db!r} is damaged ({exc}); restore it from a backup or give another "
+                              "--db", getattr(args, "json", False))
+        return _bad_input(f"results store {db!r}: {exc}", getattr(args, "json", False))  # e.g. disk full, I/O error
 
 
 if __name__ == "__main__":

@@ -143,12 +143,46 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
     from trainperf.plan.hardware import preset_for_device
 
     if spec.hardware.device == "cpu" or not _cuda_available():
+        check_host_memory(spec)
         return
     found = visible_gpu()
     if found is None or preset_for_device(found[0]) is None:
         return
     gpu = dataclasses.replace(preset_for_device(found[0]), hbm_gib=found[1])
     check_memory(spec, gpu, min(world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+
+
+def host_memory_floor_gib(spec: RunSpec) -> float:
+    """What a CPU run holds at least, whatever its layout (all its processes share this machine): the
+    weights, and the trainable ones' gradients and optimizer state. Activations come on top."""
+    from trainperf.train.metrics import lora_params, total_params
+
+    total = total_params(spec.model)
+    trainable = lora_params(spec.model, spec.lora) if spec.lora.enabled else total
+    weight_bytes = 2 if "bf16" in (spec.hardware.dtype, spec.hardware.frozen_dtype) else 4
+    state_bytes = 4 + 4 + (2 if spec.train.optimizer == "adamw8bit" else 8)  # fp32 master, gradient, moments
+    return ((total - trainable) * weight_bytes + trainable * state_bytes) / 2**30
+
+
+def _available_host_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        return int(fields["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_host_memory(spec: RunSpec) -> None:
+    """On CPU: refuse, before anything is built, a run whose weights and optimizer state alone exceed the
+    memory this machine has available (a 7B model on a laptop would swap or be killed mid-build)."""
+    available = _available_host_gib()
+    need = host_memory_floor_gib(spec)
+    if available is not None and need > available:
+        raise SpecError(f"out of memory predicted: on CPU this run holds at least {need:.1f} GiB (weights, gradients "
+                        f"and optimizer state of a {spec.model.num_layers}-layer, {spec.model.hidden_size}-wide model) "
+                        f"and {available:.1f} GiB is available; use a smaller model, a GPU, or "
+                        "hardware.memory_check=false to try anyway")
 
 
 def new_run_id(workload: str) -> str:

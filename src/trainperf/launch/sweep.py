@@ -110,23 +110,24 @@ def _item_label(item: dict) -> str:
     return f"{item['workload']} x{item['nproc']} {_set_args(item['overrides'])[1::2]}"
 
 
-def _item_spec(item: dict, where: str):
+def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
     from trainperf.specs import resolve_spec
     from trainperf.workloads import get_workload
 
     try:
-        return resolve_spec(get_workload(item["workload"]).defaults(), None, _set_args(item["overrides"])[1::2])
+        return resolve_spec(get_workload(item["workload"]).defaults(), None,
+                            [*_set_args(item["overrides"])[1::2], *extra_sets])
     except SpecError as exc:
         raise SpecError(f"{where}: {_item_label(item)}: {exc}") from None
 
 
-def layout_problem(item: dict) -> str | None:
+def layout_problem(item: dict, extra_sets: list[str] = ()) -> str | None:
     """Why the item's layout cannot run on its process count (a grid may span combinations that do not
     divide: those are recorded as failed at once, the rest run), or None."""
     from trainperf.specs import validate
 
     try:
-        validate(_item_spec(item, "sweep"), item["nproc"])
+        validate(_item_spec(item, "sweep", extra_sets), item["nproc"])
     except SpecError as exc:
         return str(exc)
     return None
@@ -166,7 +167,7 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
     from trainperf.launch.local import Interrupted, run_passing_signals
 
     store.add_sweep_items(sweep_id, items)
-    problems = {item["item_id"]: layout_problem(item) for item in items}
+    problems = {item["item_id"]: layout_problem(item, extra_sets) for item in items}
     for item in sorted(items, key=lambda it: problems[it["item_id"]] is None):  # the refused ones first, at once
         row = store.claim_sweep_item(sweep_id, item["item_id"])
         if row is None:
