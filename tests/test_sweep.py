@@ -60,14 +60,14 @@ runs:
         load_sweep(str(tmp_path / "s.yaml"))
 
 
-SWEEP = """name: nightly
-runs:
-  - workload: mini-pretrain
+TWO_SEEDS = """  - workload: mini-pretrain
     seeds: [1, 2]
     set:
       train.max_steps: 2
       hardware.device: cpu
-  - workload: mini-pretrain
+"""
+
+SWEEP = "name: nightly\nruns:\n" + TWO_SEEDS + """  - workload: mini-pretrain
     set:
       parallel.tp: 3
 """
@@ -108,14 +108,7 @@ def test_bad_sweep_file_is_bad_input(tmp_path):
     assert Store(tmp_path / "t.db").sweep_items() == []
 
 
-TWICE = """name: shared
-runs:
-  - workload: mini-pretrain
-    seeds: [1, 2]
-    set:
-      train.max_steps: 2
-      hardware.device: cpu
-"""
+TWICE = "name: shared\nruns:\n" + TWO_SEEDS
 
 
 def test_two_sweeps_of_one_name_run_each_item_once_and_only_their_own(tmp_path):

@@ -351,14 +351,10 @@ BACKWARDS = {"one-pass": backward_one_pass, "split": backward_split}
 backward_picks: dict[tuple, str] = {}  # (rows, width, adapters, rank, dtype, device) -> the faster backward
 
 
-def _time_ms(fn, reps: int = 5) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+def _time_ms(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=5, rep=20)  # ms, the way Triton's autotuner times its configs
 
 
 def pick_backward(dh, x, a, bits, p, n) -> str:
