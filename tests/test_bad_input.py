@@ -330,6 +330,18 @@ def test_resolve_spec_rejects_values_out_of_range(override, words):
         assert w in msg, msg
 
 
+def test_a_gpu_name_is_only_checked_when_its_peak_is_looked_up():
+    assert resolve_spec(mini_pretrain_defaults(), None, ["hardware.gpu=rtx4090", "hardware.peak_tflops=165"])
+
+
+def test_a_checkpoint_may_raise_max_position_embeddings_before_its_config_is_applied():
+    """validate before model.path's config.json is read cannot know its context length; after, it does."""
+    spec = resolve_spec(mini_pretrain_defaults(), None, ["model.path=/some/ck", "data.seq_len=512"])
+    validate(spec, 1, before_checkpoint=True)
+    with pytest.raises(SpecError, match="data.seq_len=512 exceeds model.max_position_embeddings=256"):
+        validate(spec, 1)
+
+
 def test_lora_alpha_must_be_positive_only_when_lora_is_on():
     with pytest.raises(SpecError, match=r"lora.alpha=0.0: must be > 0"):
         resolve_spec(mini_lora_defaults(), None, ["lora.alpha=0"])

@@ -4,7 +4,9 @@ learning rate stay device tensors; only the log (one step late, at log intervals
 On a GPU a host read of a device value is a stream synchronisation; on a CPU it is the same aten call,
 ``_local_scalar_dense`` (``.item()``, ``float()``, ``bool()``), and the data-dependent-shape ops
 (``nonzero``, ``masked_select``, ``unique``) that must copy a size back. A dispatch mode records
-every such call inside the step, with the Python line that made it. Compiled code is out of its reach
+every such call inside the step, with the Python line that made it. The reads that never reach the
+dispatcher on a CPU tensor (``.tolist()``, ``.numpy()``, ``.cpu()``, ``np.asarray``) are caught by
+wrapping those methods; ``.to("cpu")`` of a CPU tensor is invisible here. Compiled code is out of its reach
 (Dynamo refuses a dispatch mode; torchao's 8-bit AdamW compiles its step), so it runs eager layers and
 fp32 AdamW."""
 
@@ -28,16 +30,40 @@ HOST_READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.maske
               aten.equal.default, aten._unique2.default, aten.unique_consecutive.default}
 
 
+TENSOR_READS = ("tolist", "numpy", "cpu", "__array__")
+
+
+def _where() -> str:
+    return " <- ".join(reversed([f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.line}"
+                                 for f in traceback.extract_stack()[-14:-2]
+                                 if "trainperf" in f.filename or "test_host_sync" in f.filename]))
+
+
 class HostReads(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls: list[str] = []
+        self._saved: dict = {}
+
+    def __enter__(self):
+        for name in TENSOR_READS:  # Tensor methods that read a CPU tensor without an aten call
+            real = self._saved[name] = getattr(torch.Tensor, name)
+
+            def wrapped(tensor, *args, _real=real, _name=name, **kwargs):
+                self.calls.append(f"Tensor.{_name}: {_where()}")
+                return _real(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, wrapped)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, real in self._saved.items():
+            setattr(torch.Tensor, name, real)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in HOST_READS:
-            where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.line}" for f in traceback.extract_stack()[-12:-1]
-                     if "trainperf" in f.filename or "test_host_sync" in f.filename]
-            self.calls.append(f"{func}: {' <- '.join(reversed(where))}")
+            self.calls.append(f"{func}: {_where()}")
         return func(*args, **(kwargs or {}))
 
 
@@ -76,11 +102,18 @@ def test_a_training_step_never_reads_a_device_value_on_the_host(gloo_group, defa
 
 
 def test_the_recorder_sees_a_host_read(gloo_group):
-    """The check above can fail: one float() of the loss inside the step is caught, with its line."""
+    """The check above can fail: a float() of the loss, a nonzero, a tolist and a .cpu() are each caught,
+    with their lines; the Tensor methods are restored afterwards."""
     reads = HostReads()
     x = torch.randn(4, requires_grad=True)
     with reads:
         loss = (x * 2).sum()
         float(loss)
         torch.nonzero(x > 0)
-    assert len(reads.calls) == 2 and "float(loss)" in reads.calls[0] and "nonzero" in reads.calls[1]
+        x.detach().tolist()
+        loss.cpu()
+    assert len(reads.calls) == 4, reads.calls
+    assert "float(loss)" in reads.calls[0] and "nonzero" in reads.calls[1]
+    assert reads.calls[2].startswith("Tensor.tolist") and "x.detach().tolist()" in reads.calls[2]
+    assert reads.calls[3].startswith("Tensor.cpu") and "loss.cpu()" in reads.calls[3]
+    assert torch.Tensor.tolist.__name__ == "tolist"

@@ -293,8 +293,31 @@ def test_a_sweep_item_is_claimed_by_one_process_only(db):
     assert s.claim_sweep_item("sw", "c")["item_id"] == "c"  # its sweep died: taken over
     s.conn.execute("UPDATE sweep_items SET status = 'running', owner_host = 'elsewhere', owner_pid = 1 WHERE item_id = 'd'")
     assert s.claim_sweep_item("sw", "d") is None  # another host's process cannot be asked
+    assert s.sweep_item_holder("sw", "d") == "host elsewhere, pid 1" and s.sweep_item_holder("sw", "b") is None
+    assert s.claim_sweep_item("sw", "d", take_over=True)["item_id"] == "d"  # the user says it is gone
+    assert s.sweep_item_holder("sw", "d") == f"host {socket.gethostname()}, pid {os.getpid()}"
+    assert s.claim_sweep_item("sw", "b", take_over=True) is None  # finished stays finished
     assert s.claim_sweep_item("sw", "nope") is None
     s.close()
+
+
+def test_a_reader_may_open_a_store_it_cannot_write(tmp_path, monkeypatch):
+    """report and sweep status read a read-only store as it is: no WAL switch, no migration, no reaping."""
+    path = tmp_path / "ro.db"
+    s = Store(path)
+    _create(s, "gone", pid=_dead_pid())
+    s.close()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path else real_access(p, mode))
+    with pytest.raises(StoreError, match="is read-only here"):
+        Store(path)
+    reader = Store(path, read_only_ok=True)
+    assert reader.writable is False and reader.reap_dead_runs() == []
+    assert [r["run_id"] for r in reader.list_runs()] == ["gone"] and reader.get_run("gone")["status"] == "running"
+    reader.close()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real_access(p, mode))
+    with pytest.raises(StoreError, match="is read-only here"):  # nothing to read: a new store cannot be made there
+        Store(tmp_path / "new.db", read_only_ok=True)
 
 
 @pytest.mark.parametrize("case", ["under-a-file", "a-folder", "read-only-file", "read-only-folder"])

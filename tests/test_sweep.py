@@ -60,6 +60,19 @@ runs:
         load_sweep(str(tmp_path / "s.yaml"))
 
 
+def test_the_command_lines_set_joins_each_items_check(tmp_path):
+    """An item valid only with the command line's --set passes; a typo there is refused up front."""
+    from trainperf.launch.sweep import load_sweep
+
+    (tmp_path / "s.yaml").write_text("name: t\nruns:\n  - workload: mini-pretrain\n    set:\n"
+                                     "      model.num_kv_heads: [4, 8]\n")
+    with pytest.raises(SpecError, match="model.num_heads=4 is not divisible by model.num_kv_heads=8"):
+        load_sweep(str(tmp_path / "s.yaml"))
+    assert len(load_sweep(str(tmp_path / "s.yaml"), ["model.num_heads=8"])[1]) == 2
+    with pytest.raises(SpecError, match="train.lr: expected a number, got 'fast'"):
+        load_sweep(str(tmp_path / "s.yaml"), ["model.num_heads=8", "train.lr=fast"])
+
+
 TWO_SEEDS = """  - workload: mini-pretrain
     seeds: [1, 2]
     set:

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="applied to every run of the sweep")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for run artefacts (default ./{DEFAULT_OUT})")
+    p.add_argument("--take-over", action="store_true",
+                   help="also run items another sweep process claimed (when that process is gone but cannot be asked: "
+                        "another host, or its pid reused)")
     from trainperf.launch.slurm import add_slurm_args
 
     add_slurm_args(p)  # --wait (default None: the sweep file's slurm.wait applies)
@@ -361,14 +364,17 @@ def cmd_tune(args) -> int:
             raise SpecError(f"--budget-minutes must be > 0, --abandon-factor and --keep-within >= 0 (got "
                             f"{args.budget_minutes}, {args.abandon_factor}, {args.keep_within})")
         base = resolve_spec(get_workload(args.workload).defaults(), None, args.overrides)
-        if base.hardware.device != "cpu":  # trials run here: on this machine's GPUs
-            import torch
+        import torch
 
-            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if base.hardware.device != "cpu" and torch.cuda.is_available():  # trials run here, on these GPUs
+            visible = torch.cuda.device_count()
             if args.gpus > visible:
                 raise SpecError(f"--gpus {args.gpus}: tune measures its trials on this machine's GPUs and {visible} "
-                                f"{'is' if visible == 1 else 'are'} visible; give --gpus <= {visible}, or "
-                                "--set hardware.device=cpu to tune on the CPU")
+                                f"{'is' if visible == 1 else 'are'} visible; give --gpus <= {visible}")
+        elif base.hardware.device != "cuda" and base.hardware.memory_check:  # trials on the CPU
+            from trainperf.launch.local import check_host_memory
+
+            check_host_memory(base)
         fits, _ = plan(base, load_gpu(args.gpu), args.gpus, args.gpus, objective="throughput", headroom=headroom)
     except SpecError as exc:
         return _bad_input(str(exc), args.json)
@@ -398,10 +404,10 @@ def cmd_sweep(args) -> int:
     from trainperf.store.db import Store, StoreError
 
     try:
-        if args.target == "status" and not Path(args.db).exists():
-            raise StoreError(f"no results store at {args.db!r} (nothing recorded there); give the --db your sweep used")
-        store = Store(args.db)
         if args.target == "status":
+            if not Path(args.db).exists():
+                raise StoreError(f"no results store at {args.db!r} (nothing recorded there); give the --db your sweep used")
+            store = Store(args.db, read_only_ok=True)
             counts = sweep.status_counts(store)
             if not args.json:
                 from trainperf.launch.slurm import status_lines
@@ -409,9 +415,11 @@ def cmd_sweep(args) -> int:
                 for line in status_lines(store):
                     print(line)
         else:
-            name, items = sweep.load_sweep(args.target)
+            name, items = sweep.load_sweep(args.target, args.overrides)  # a bad file creates no store
+            store = Store(args.db)
             echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
-            counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait)
+            counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait,
+                                     take_over=args.take_over)
     except (SpecError, StoreError) as exc:
         return _bad_input(str(exc), args.json)
     except Interrupted as exc:
@@ -458,7 +466,7 @@ def cmd_report(args) -> int:
     if html and not Path(html).parent.is_dir():
         return _bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)
     try:
-        store = Store(args.db)
+        store = Store(args.db, read_only_ok=True)  # a report of a store one may not write (reaping is skipped)
     except StoreError as exc:
         return _bad_input(str(exc), args.json)
     store.reap_dead_runs()

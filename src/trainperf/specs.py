@@ -658,7 +658,7 @@ def check_values(spec: RunSpec) -> None:
     _at_least("eval.skip_first", e.skip_first, -1, " (-1: the MLPerf LoRA rule)")
     _at_least("eval.batch_size", e.batch_size, 1)
     _at_least("hardware.peak_tflops", h.peak_tflops, 0.0, " (0: look it up from hardware.gpu)")
-    if h.gpu != "auto":
+    if h.gpu != "auto" and not h.peak_tflops:  # the name is only looked up for the peak
         from trainperf.train.metrics import PEAK_BF16_FLOPS, peak_flops_for
 
         if peak_flops_for(h.gpu) is None:
@@ -675,8 +675,9 @@ def _validate_optimizer(t: TrainSpec) -> None:
                         "without network); it is not installed")
 
 
-def validate(spec: RunSpec, world_size: int) -> None:
-    """Raise SpecError on the first problem; call before any process is launched."""
+def validate(spec: RunSpec, world_size: int, before_checkpoint: bool = False) -> None:
+    """Raise SpecError on the first problem; call before any process is launched. ``before_checkpoint``:
+    model.path's config.json is not applied yet (it may raise max_position_embeddings)."""
     check_choices(spec)  # names first: the layout's arithmetic reads some of them (pp_schedule)
     check_values(spec)
     resolve_layout(spec, world_size)
@@ -715,7 +716,7 @@ def validate(spec: RunSpec, world_size: int) -> None:
     if d.path is None and (d.train_samples < 1 or d.eval_samples < 0):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")
-    if d.seq_len > m.max_position_embeddings:
+    if d.seq_len > m.max_position_embeddings and not (before_checkpoint and m.path):
         raise SpecError(
             f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}"
         )

@@ -73,7 +73,7 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
         if world_size > torch.cuda.device_count() and external_launcher() is None:
             raise SpecError(f"--nproc-per-node {world_size} exceeds the {torch.cuda.device_count()} visible GPUs")
     check_closed_rules(spec, architecture=False)  # a fixed hyperparameter changed in closed: say so first
-    validate(spec, world_size)
+    validate(spec, world_size, before_checkpoint=True)
     if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
         _apply_checkpoint_config(spec, world_size, asked)
     info = wl.prepare(spec)

@@ -99,10 +99,12 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
     return name, items
 
 
-def load_sweep(path: str) -> tuple[str, list[dict]]:
+def load_sweep(path: str, extra_sets: list[str] = ()) -> tuple[str, list[dict]]:
+    """(name, items) of a sweep file; each item's spec resolved with the command line's ``--set`` (names,
+    types and ranges), so a typo in item 7 stops the sweep now, not after six runs."""
     name, items = expand(load_config_file(path), f"sweep file {path!r}")
-    for item in items:  # names, types and ranges: a typo in item 7 stops the sweep now, not after six runs
-        _item_spec(item, f"sweep file {path!r}")
+    for item in items:
+        _item_spec(item, f"sweep file {path!r}", extra_sets)
     return name, items
 
 
@@ -141,7 +143,7 @@ def _set_args(overrides: dict) -> list[str]:
 
 
 def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
-              echo=print, wait: bool | None = None) -> dict:
+              echo=print, wait: bool | None = None, take_over: bool = False) -> dict:
     """Run (local) or submit (slurm) every unfinished item with the file's backend; counts by status.
     wait (slurm only): block until the submitted jobs end (None: the file's slurm.wait)."""
     if items and items[0].get("backend") == "slurm":
@@ -149,7 +151,7 @@ def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
 
         slurm.run_slurm(store, sweep_id, items, db, out, extra_sets, items[0]["slurm"], echo=echo, wait=wait)
         return status_counts(store, sweep_id, refresh=False)
-    return _run_local(store, sweep_id, items, db, out, extra_sets, echo)
+    return _run_local(store, sweep_id, items, db, out, extra_sets, echo, take_over)
 
 
 def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
@@ -159,7 +161,7 @@ def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
 
 
 def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
-               echo=print) -> dict:
+               echo=print, take_over: bool = False) -> dict:
     """Run the file's unfinished items, one after another; returns counts by final status.
 
     Each item is claimed in the store before it runs, so two sweeps started on one file (or two files
@@ -169,9 +171,12 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
     store.add_sweep_items(sweep_id, items)
     problems = {item["item_id"]: layout_problem(item, extra_sets) for item in items}
     for item in sorted(items, key=lambda it: problems[it["item_id"]] is None):  # the refused ones first, at once
-        row = store.claim_sweep_item(sweep_id, item["item_id"])
+        row = store.claim_sweep_item(sweep_id, item["item_id"], take_over=take_over)
         if row is None:
-            continue  # finished before (a sweep is idempotent), or running in another sweep process
+            holder = store.sweep_item_holder(sweep_id, item["item_id"])
+            if holder:  # finished items are skipped silently: a sweep is idempotent
+                echo(f"skipped {_item_label(item)}: running in {holder} (if that sweep is gone, --take-over runs it)")
+            continue
         if problems[item["item_id"]]:
             store.set_sweep_item(sweep_id, row["item_id"], "failed", None, problems[item["item_id"]])
             echo(f"failed  {_item_label(row)} {problems[item['item_id']]}")
@@ -216,7 +221,7 @@ def _run_id(stdout) -> str | None:
 def status_counts(store, sweep_id: str | None = None, refresh: bool = True) -> dict:
     """{sweep: {pending, running, success, failed}}; first asks Slurm about items whose job is in
     flight (if Slurm is installed here), so finished jobs are counted as finished."""
-    if refresh:
+    if refresh and store.writable:  # a read-only store is shown as it is
         from trainperf.launch import slurm
 
         slurm.refresh(store, sweep_id)

@@ -192,8 +192,11 @@ def check_store_path(path: str | os.PathLike) -> None:
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, read_only_ok: bool = False):
+        """``read_only_ok``: a reader (report, sweep status) may open a store it cannot write; it then
+        reads it as it is (no WAL switch, no migration, no reaping)."""
         self.path = Path(path)
+        self.writable = True
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -206,15 +209,21 @@ class Store:
         # WAL also creates files beside it
         for where in (self.path, self.path.parent):
             if where.exists() and not os.access(where, os.W_OK):
-                raise StoreError(f"results store {str(self.path)!r} is read-only here ({str(where)!r} is not "
-                                 "writable); copy it to a folder you can write and give that as --db")
+                if not (read_only_ok and self.path.is_file()):
+                    raise StoreError(f"results store {str(self.path)!r} is read-only here ({str(where)!r} is not "
+                                     "writable); copy it to a folder you can write and give that as --db")
+                self.writable = False
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.conn.execute("PRAGMA foreign_keys = ON")
-            self._switch_to_wal()
-            self._migrate()
+            if self.writable:
+                self._switch_to_wal()
+                self._migrate()
+            elif self.schema_version > SCHEMA_VERSION:
+                raise StoreError(f"results store {str(self.path)!r} has schema v{self.schema_version}, newer than this "
+                                 f"trainperf's (v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc})") from None
 
@@ -328,7 +337,10 @@ class Store:
             return cur.rowcount == 1
 
     def reap_dead_runs(self) -> list[str]:
-        """Rows left 'running' by a process of this host (and PID namespace) that is gone become 'failed'."""
+        """Rows left 'running' by a process of this host (and PID namespace) that is gone become 'failed'
+        (not in a store opened read-only: a reader shows them as they are)."""
+        if not self.writable:
+            return []
         rows = self.conn.execute("SELECT run_id, host, pid_ns, pid FROM runs WHERE status = 'running' AND host = ?",
                                  (socket.gethostname(),)).fetchall()
         dead = [r["run_id"] for r in rows if _is_ours_and_dead(r["host"], r["pid_ns"], r["pid"])]
@@ -376,15 +388,16 @@ class Store:
                       "WHERE sweep_id = ? AND item_id = ?",
                       (status, run_id, reason, status, now, status, now, sweep_id, item_id))
 
-    def claim_sweep_item(self, sweep_id: str, item_id: str) -> dict | None:
+    def claim_sweep_item(self, sweep_id: str, item_id: str, take_over: bool = False) -> dict | None:
         """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
-        or 'running' for a process known gone (an interrupted sweep). The claimed row, or None when it is
+        or 'running' for a process known gone (an interrupted sweep), or ``take_over`` (the user knows its
+        holder is gone: another host's, or a pid reused since). The claimed row, or None when it is
         finished or another live process (or one that cannot be asked) holds it."""
         with self.transaction() as c:
             row = c.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?", (sweep_id, item_id)).fetchone()
             if row is None or row["status"] in ("success", "failed"):
                 return None
-            if row["status"] == "running" and row["owner_pid"] is not None and not _is_ours_and_dead(
+            if row["status"] == "running" and row["owner_pid"] is not None and not take_over and not _is_ours_and_dead(
                     row["owner_host"], row["owner_pid_ns"], row["owner_pid"]):
                 return None
             c.execute("UPDATE sweep_items SET status = 'running', reason = NULL, started_at = ?, owner_host = ?, "
@@ -393,6 +406,14 @@ class Store:
         out = dict(row) | {"status": "running"}
         out["overrides"] = json.loads(out.pop("overrides_json"))
         return out
+
+    def sweep_item_holder(self, sweep_id: str, item_id: str) -> str | None:
+        """'host H, pid P' of the process an unfinished item is claimed by, None if it is not."""
+        row = self.conn.execute("SELECT status, owner_host, owner_pid FROM sweep_items WHERE sweep_id = ? AND "
+                                "item_id = ?", (sweep_id, item_id)).fetchone()
+        if row is None or row["status"] != "running" or row["owner_pid"] is None:
+            return None
+        return f"host {row['owner_host']}, pid {row['owner_pid']}"
 
     def sweep_items(self, sweep_id: str | None = None) -> list[dict]:
         q, args = "SELECT * FROM sweep_items", []
