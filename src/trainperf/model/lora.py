@@ -88,8 +88,8 @@ def fused_kernel_applies(x: torch.Tensor, modules) -> bool:
     """Whether ``modules``, all reading ``x``, take the fused kernel together: LoRA layers set to it,
     training with dropout (without dropout A's GEMM alone is what the kernel would do), one rank and
     dropout, at most four (they share each Philox call's eight half words), on a plain tensor and
-    without module hooks (tensor
-    parallel's hooks would turn x into a DTensor inside each module's call; validation refuses the pair)."""
+    without module hooks (tensor parallel's hooks would turn x into a DTensor inside each module's
+    call; validation refuses the pair)."""
     first = modules[0]
     if getattr(first, "kernel", "torch") != "fused":  # the default path: one attribute read per call
         return False

@@ -90,6 +90,49 @@ def pick(I: tl.constexpr, t0, t1, t2, t3):
 
 
 @triton.jit
+def scaled_x_tile(x_ptr, rows, cols, row_ok, K, stride_xm, scale):
+    """x's (rows, 32) tile times the inverse keep probability, in x's dtype (zeros outside x)."""
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
+                mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
+    return (x.to(tl.float32) * scale).to(x.dtype)
+
+
+@triton.jit
+def kept(bits_rows, SLOT: tl.constexpr, row_ok, j):
+    """The (rows, 32) keep mask that bit record SLOT of these rows' column group holds (the forward's bits)."""
+    packed = tl.load(bits_rows + SLOT, mask=row_ok, other=0)
+    return ((packed[:, None] >> j[None, :]) & 1) != 0
+
+
+@triton.jit
+def store_dx(dx_ptr, dx, rows, cols, row_ok, K, scale):
+    tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (dx * scale).to(dx_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (cols[None, :] < K))
+
+
+@triton.jit
+def zero_slots(R: tl.constexpr, SEG: tl.constexpr):
+    """The eight (R, 32) dA accumulators of one column group: one per mask slot."""
+    z = tl.zeros((R, SEG), dtype=tl.float32)
+    return z, z, z, z, z, z, z, z
+
+
+@triton.jit
+def store_da_parts(part_ptr, split, g, K, d0, d1, d2, d3, d4, d5, d6, d7,
+                   N: tl.constexpr, R: tl.constexpr, S: tl.constexpr):
+    """part[split, i * R + r, cols] = this split's share of dA_i over column group g."""
+    E: tl.constexpr = 8 // S
+    SEG: tl.constexpr = 32
+    j = tl.arange(0, SEG)
+    ranks = tl.arange(0, R)
+    for e in tl.static_range(E):
+        cols = g * (SEG * E) + e * SEG + j
+        for i in tl.static_range(N):
+            out = part_ptr + (split * (N * R) + i * R + ranks[:, None]).to(tl.int64) * K + cols[None, :]
+            tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
+
+
+@triton.jit
 def forward_kernel(x_ptr, a_ptr, part_ptr, bits_ptr, seed_ptr, M, K, stride_xm, per_row, groups, groups_per_split,
                    threshold, scale, N: tl.constexpr, R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr):
     """part[split, rows, i * R:(i + 1) * R] = dropout_i(x) @ a_i^T over this split's column groups, and
@@ -111,9 +154,7 @@ def forward_kernel(x_ptr, a_ptr, part_ptr, bits_ptr, seed_ptr, M, K, stride_xm, 
         w0, w1, w2, w3 = tl.randint4x(seed, rows[:, None] * per_row + g * SEG + j[None, :])
         for e in tl.static_range(E):
             cols = g * (SEG * E) + e * SEG + j
-            inside = row_ok[:, None] & (cols[None, :] < K)
-            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=inside, other=0.0)
-            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            xs = scaled_x_tile(x_ptr, rows, cols, row_ok, K, stride_xm, scale)
             zero = tl.zeros_like(xs)
             for i in tl.static_range(N):
                 keep = half_word_keeps(w0, w1, w2, w3, e * S + i, threshold)
@@ -146,14 +187,7 @@ def backward_kernel(x_ptr, a_ptr, dh_ptr, dx_ptr, part_ptr, bits_ptr, M, K, stri
     split = tl.program_id(1)
     j = tl.arange(0, SEG)
     ranks = tl.arange(0, R)
-    d0 = tl.zeros((R, SEG), dtype=tl.float32)
-    d1 = tl.zeros((R, SEG), dtype=tl.float32)
-    d2 = tl.zeros((R, SEG), dtype=tl.float32)
-    d3 = tl.zeros((R, SEG), dtype=tl.float32)
-    d4 = tl.zeros((R, SEG), dtype=tl.float32)
-    d5 = tl.zeros((R, SEG), dtype=tl.float32)
-    d6 = tl.zeros((R, SEG), dtype=tl.float32)
-    d7 = tl.zeros((R, SEG), dtype=tl.float32)
+    d0, d1, d2, d3, d4, d5, d6, d7 = zero_slots(R, SEG)
     first = split * rows_per_split
     for m0 in range(first, tl.minimum(first + rows_per_split, M), BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -181,29 +215,19 @@ def backward_kernel(x_ptr, a_ptr, dh_ptr, dx_ptr, part_ptr, bits_ptr, M, K, stri
             dht3 = tl.load(dh_cols + 3 * R, mask=row_ok[None, :], other=0.0)
         for e in tl.static_range(E):
             cols = g * (SEG * E) + e * SEG + j
-            inside = row_ok[:, None] & (cols[None, :] < K)
-            offsets = rows[:, None].to(tl.int64) * stride_xm + cols[None, :]
-            x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
-            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            xs = scaled_x_tile(x_ptr, rows, cols, row_ok, K, stride_xm, scale)
             zero = tl.zeros_like(xs)
             dx = tl.zeros((BLOCK_M, SEG), dtype=tl.float32)
             for i in tl.static_range(N):
-                packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
-                keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+                keep = kept(bits_rows, e * S + i, row_ok, j)
                 dh = pick(i, dh0, dh1, dh2, dh3)
                 a = tl.load(a_ptr + (i * R + ranks)[:, None] * K + cols[None, :], mask=cols[None, :] < K, other=0.0)
                 dx += tl.where(keep, tl.dot(dh, a), 0.0)
                 dht = pick(i, dht0, dht1, dht2, dht3)
                 d0, d1, d2, d3, d4, d5, d6, d7 = add_to_slot(e * S + i, tl.dot(dht, tl.where(keep, xs, zero)),
                                                               d0, d1, d2, d3, d4, d5, d6, d7)
-            tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (dx * scale).to(dx_ptr.dtype.element_ty),
-                     mask=inside)
-    for e in tl.static_range(E):
-        cols = g * (SEG * E) + e * SEG + j
-        for i in tl.static_range(N):
-            out = part_ptr + (split * (N * R) + i * R + ranks[:, None]).to(tl.int64) * K + cols[None, :]
-            tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
-
+            store_dx(dx_ptr, dx, rows, cols, row_ok, K, scale)
+    store_da_parts(part_ptr, split, g, K, d0, d1, d2, d3, d4, d5, d6, d7, N, R, S)
 
 
 @triton.jit
@@ -225,13 +249,11 @@ def dx_kernel(a_ptr, dh_ptr, dx_ptr, bits_ptr, M, K, groups, scale,
         cols = g * (SEG * E) + e * SEG + j
         dx = tl.zeros((BLOCK_M, SEG), dtype=tl.float32)
         for i in tl.static_range(N):
-            packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
-            keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+            keep = kept(bits_rows, e * S + i, row_ok, j)
             dh = tl.load(dh_rows + i * R, mask=row_ok[:, None], other=0.0)
             a = tl.load(a_ptr + (i * R + ranks)[:, None] * K + cols[None, :], mask=cols[None, :] < K, other=0.0)
             dx += tl.where(keep, tl.dot(dh, a), 0.0)
-        tl.store(dx_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], (dx * scale).to(dx_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (cols[None, :] < K))
+        store_dx(dx_ptr, dx, rows, cols, row_ok, K, scale)
 
 
 @triton.jit
@@ -244,14 +266,7 @@ def da_kernel(x_ptr, dh_ptr, part_ptr, bits_ptr, M, K, stride_xm, groups, rows_p
     split = tl.program_id(1)
     j = tl.arange(0, SEG)
     ranks = tl.arange(0, R)
-    d0 = tl.zeros((R, SEG), dtype=tl.float32)
-    d1 = tl.zeros((R, SEG), dtype=tl.float32)
-    d2 = tl.zeros((R, SEG), dtype=tl.float32)
-    d3 = tl.zeros((R, SEG), dtype=tl.float32)
-    d4 = tl.zeros((R, SEG), dtype=tl.float32)
-    d5 = tl.zeros((R, SEG), dtype=tl.float32)
-    d6 = tl.zeros((R, SEG), dtype=tl.float32)
-    d7 = tl.zeros((R, SEG), dtype=tl.float32)
+    d0, d1, d2, d3, d4, d5, d6, d7 = zero_slots(R, SEG)
     first = split * rows_per_split
     for m0 in range(first, tl.minimum(first + rows_per_split, M), BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -260,21 +275,14 @@ def da_kernel(x_ptr, dh_ptr, part_ptr, bits_ptr, M, K, stride_xm, groups, rows_p
         dh_cols = dh_ptr + rows[None, :].to(tl.int64) * (N * R) + ranks[:, None]
         for e in tl.static_range(E):
             cols = g * (SEG * E) + e * SEG + j
-            x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :],
-                        mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
-            xs = (x.to(tl.float32) * scale).to(x.dtype)
+            xs = scaled_x_tile(x_ptr, rows, cols, row_ok, K, stride_xm, scale)
             zero = tl.zeros_like(xs)
             for i in tl.static_range(N):
-                packed = tl.load(bits_rows + e * S + i, mask=row_ok, other=0)
-                keep = ((packed[:, None] >> j[None, :]) & 1) != 0
+                keep = kept(bits_rows, e * S + i, row_ok, j)
                 dht = tl.load(dh_cols + i * R, mask=row_ok[None, :], other=0.0)
                 d0, d1, d2, d3, d4, d5, d6, d7 = add_to_slot(e * S + i, tl.dot(dht, tl.where(keep, xs, zero)),
                                                               d0, d1, d2, d3, d4, d5, d6, d7)
-    for e in tl.static_range(E):
-        cols = g * (SEG * E) + e * SEG + j
-        for i in tl.static_range(N):
-            out = part_ptr + (split * (N * R) + i * R + ranks[:, None]).to(tl.int64) * K + cols[None, :]
-            tl.store(out, pick_slot(e * S + i, d0, d1, d2, d3, d4, d5, d6, d7), mask=cols[None, :] < K)
+    store_da_parts(part_ptr, split, g, K, d0, d1, d2, d3, d4, d5, d6, d7, N, R, S)
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
