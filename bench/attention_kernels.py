@@ -11,12 +11,12 @@ the ratio FA4 / SDPA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from common import append_json_line, has_cuda
 from layout_probes import median_ms
 
 
@@ -59,8 +59,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/attention_kernels.py needs a CUDA GPU", file=sys.stderr)
+    if not has_cuda("attention_kernels.py"):
         return 2
     from trainperf.model import flash4
     from trainperf.model.llama import attention_backends
@@ -109,9 +108,7 @@ def main() -> int:
         del r["out"], r["grads"]
     record = dict(bench="attention", args=vars(args), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                   date=time.strftime("%Y-%m-%d"), errors=errors, ratio=ratio, **results)
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+    append_json_line(args.json, record)
     return 0 if max(errors.values()) < 2e-2 else 1
 
 

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from common import append_json_line
+
 LAYOUTS = {  # name: (GPUs, overrides)
     "1gpu": (1, ["parallel.dp_shard=1"]),
     "ddp": (2, ["parallel.dp_replicate=2", "parallel.dp_shard=1"]),
@@ -59,9 +61,7 @@ def main() -> int:
         rows.append(row)
         print(f"{name:6s} {gpus} GPU  {row['tokens_per_s_per_gpu']:>9,.0f} tok/s/GPU  MFU {100 * (row['mfu'] or 0):5.1f}%  "
               f"peak {row['peak_mem_gib']:6.1f} GiB  losses {[round(x, 4) for x in losses]}  ({wall:.0f} s)", flush=True)
-        if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        append_json_line(args.json, row)
     return 0
 
 

@@ -12,11 +12,11 @@ The fused backward's two forms (one pass; dx and dA apart) are also timed alone.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
+from common import append_json_line, has_cuda
 from layout_probes import median_ms
 
 from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, shared_input_lora_a
@@ -71,8 +71,7 @@ def main() -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/lora_kernel.py needs a CUDA GPU", file=sys.stderr)
+    if not has_cuda("lora_kernel.py"):
         return 2
     torch.manual_seed(0)
     dev, p = "cuda", args.dropout
@@ -131,9 +130,7 @@ def main() -> int:
         f"{name} {result[f'backward_{name}_graph_ms']:.3f} ms" for name in lora_triton.BACKWARDS)
         + f"   (the op picked: {result['backward_picks']})")
     print(f"  check against the Philox reference: {result['check']}")
-    if args.json:
-        with open(args.json, "a") as fh:
-            fh.write(json.dumps(result) + "\n")
+    append_json_line(args.json, result)
     return 0
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import statistics
 import sys
 import time
 
 import torch
 
+from common import append_json_line, has_cuda
 from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec
 from trainperf.train import metrics
 from trainperf.train.loss import train_loss_sum
@@ -159,9 +159,7 @@ def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_l
             print(f"ratio {ratio_label}{'' if i == 0 else f' ({name})'}: {ratio:.2f}x")
     results.update(meta, gpu=torch.cuda.get_device_name(), torch=torch.__version__, flops_per_token=flops_tok,
                    date=time.strftime("%Y-%m-%d"))
-    if json_path:
-        with open(json_path, "a") as fh:
-            fh.write(json.dumps(results) + "\n")
+    append_json_line(json_path, results)
     return results
 
 
@@ -186,8 +184,7 @@ def main() -> int:
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     lora = dataclasses.replace(LORA, dropout=args.dropout)  # both sides
-    if not torch.cuda.is_available():
-        print("bench/lora_throughput.py needs a CUDA GPU", file=sys.stderr)
+    if not has_cuda("lora_throughput.py"):
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)

@@ -28,6 +28,7 @@ import sys
 
 import torch
 
+from common import has_cuda
 from lora_throughput import SHAPES, side_by_side, step_figures
 from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec, resolve_spec
 from trainperf.train import metrics
@@ -106,8 +107,7 @@ def main() -> int:
                     help="a trainperf spec override for its side (e.g. train.loss_chunk_tokens=2048)")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/pretrain_throughput.py needs a CUDA GPU", file=sys.stderr)
+    if not has_cuda("pretrain_throughput.py"):
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, LoRASpec(rank=0), args.seq)
