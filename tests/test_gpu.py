@@ -336,3 +336,38 @@ def test_fused_lora_kernel_trains_like_the_torch_path(tmp_path, compiled):
     assert len(fused["losses"]) == len(plain["losses"])
     assert all(abs(a / b - 1) < 0.02 for a, b in zip(fused["losses"], plain["losses"]))
     assert fused["peak_mem_gib"] < plain["peak_mem_gib"]  # no masks, no dropped copies kept
+
+
+def test_the_backward_pick_times_gpu_work_not_the_hosts_launches():
+    """lora_triton._time_ms (which picks the fused backward's form) times a call's GPU work: a call that
+    spends 0.2 ms on the host around one tiny kernel (as a Triton launcher's Python does, at a larger
+    scale) is timed at the kernel's few microseconds, not the host's 0.2 ms; a call of known GPU length
+    is timed at that length."""
+    import time
+
+    from trainperf.model import lora_triton
+
+    x = torch.zeros(1, device="cuda")
+
+    def slow_host_call():
+        x.add_(1)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 2e-4:
+            pass
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        slow_host_call()
+    host_ms = (time.perf_counter() - t0) * 1e3 / 50
+    torch.cuda.synchronize()
+    gpu_ms = lora_triton._time_ms(slow_host_call)
+    assert host_ms > 0.2 and gpu_ms < 0.25 * host_ms, (gpu_ms, host_ms)
+    # a call of one GPU sleep is timed at the sleep's own length, as events around it alone measure it
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(2_000_000)
+    end.record()
+    end.synchronize()
+    slept = lora_triton._time_ms(lambda: torch.cuda._sleep(2_000_000))
+    assert abs(slept / start.elapsed_time(end) - 1) < 0.2, (slept, start.elapsed_time(end))

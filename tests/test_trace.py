@@ -206,6 +206,26 @@ def test_idle_gaps_name_the_host_sync_and_the_late_launch():
     assert (g["before"], g["after"], g["offset_s"]) == ("gemm_a", "adam_foreach", pytest.approx(100e-6))
 
 
+def test_idle_gaps_at_the_steps_edges_are_the_traces_own_and_summed_apart():
+    """The trace drains the GPU after every step: a head gap before the first kernel and a tail gap with
+    the host in a bare cudaDeviceSynchronize are the step's edges; a sync under an op stays a host sync."""
+    trace = _gapped_step_trace()
+    for e in trace["traceEvents"]:
+        if e["name"] == "gemm_a":  # the first kernel starts 80 us into the step: a head gap over the threshold
+            e["ts"], e["dur"] = 80.0, 20.0
+    trace["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1,
+                                 "tid": 1, "ts": 940.0, "dur": 58.0, "args": {}})
+    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    causes = {(g["cause"], g["where"]): g for g in gaps["by_cause"]}
+    assert causes[("start of step", "(no op open)")]["total_s_per_step"] == pytest.approx(80e-6)
+    assert causes[("end of step", "cudaDeviceSynchronize")]["total_s_per_step"] == pytest.approx(50e-6)
+    assert causes[("host sync", "aten::_local_scalar_dense > cudaStreamSynchronize")]["total_s_per_step"] == \
+        pytest.approx(200e-6)
+    assert gaps["edges_s_per_step"] == pytest.approx(130e-6)
+    assert gaps["inside_s_per_step"] == pytest.approx(400e-6)  # the late launch and the host sync
+    assert gaps["gaps_s_per_step"] == pytest.approx(530e-6)
+
+
 def test_the_summary_prints_the_idle_gaps(capsys):
     s = A.analyze([A.parse_rank(_gapped_step_trace(), 0)])
     s.update(trace_dir="t", summary_file="t/trace_summary.json")

@@ -359,16 +359,34 @@ BACKWARDS = {"one-pass": backward_one_pass, "split": backward_split}
 backward_picks: dict[tuple, str] = {}  # (rows, width, adapters, rank, dtype, device) -> the faster backward
 
 
-def _time_ms(fn) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=5, rep=20)  # ms, the way Triton's autotuner times its configs
+def _time_ms(fn, reps: int = 20, sleep_cycles: int = 20_000_000) -> float:
+    """GPU milliseconds per call of ``fn``, the host's launch cost left out. Timing calls back to back
+    from the host (triton.testing.do_bench) measures the launches when a kernel is as short as these
+    (0.07-0.2 ms): on an H200 that picked the one-pass form for every q/k/v/o/down shape although the
+    split form ran 3-22% faster on the GPU (bench/lora_kernel.py's CUDA-graph times). Here the stream
+    is held in ``torch.cuda._sleep`` while the host queues every call, so the events time GPU work
+    alone; if the sleep ran out before the calls were queued, it is retried longer."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(4):
+        torch.cuda._sleep(sleep_cycles)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        queued_in_time = not start.query()  # the sleep still held the stream when the last call was queued
+        end.synchronize()
+        if queued_in_time:
+            break
+        sleep_cycles *= 4
+    return start.elapsed_time(end) / reps
 
 
 def pick_backward(dh, x, a, bits, p, n) -> str:
-    """Time both backwards on this shape once (as Triton's autotuner times its configs: the first call
-    of a shape waits for the GPU) and keep the faster; the interpreter and CUDA-graph capture, where
-    nothing can be timed, take the one-pass kernel."""
+    """Time both backwards' GPU work on this shape once (as Triton's autotuner times its configs, the
+    first call of a shape waits for the GPU) and keep the faster; the interpreter and CUDA-graph
+    capture, where nothing can be timed, take the one-pass kernel."""
     if INTERPRETED or torch.cuda.is_current_stream_capturing():
         return "one-pass"
     key = (*x.shape, n, a.shape[0] // n, x.dtype, x.device)

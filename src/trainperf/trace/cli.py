@@ -247,7 +247,9 @@ def print_summary(s: dict, top: int = 10) -> None:
     gaps = s.get("idle_gaps")
     if gaps and gaps["by_cause"]:
         t = Table(title=f"where the GPU sat idle: gaps of {_us(gaps['min_gap_s'])} us or more, "
-                        f"{_ms(gaps['gaps_s_per_step'])} ms per step (cause, and the host ops at the sync or launch)")
+                        f"{_ms(gaps['inside_s_per_step'])} ms per step inside the step and "
+                        f"{_ms(gaps['edges_s_per_step'])} ms at its start and end (the trace waits for the GPU "
+                        f"after every step; training does not) -- cause, and the host ops at the sync or launch")
         for col in ("cause", "where (host)", "gaps/step", "ms/step"):
             t.add_column(col, justify="left" if col in ("cause", "where (host)") else "right")
         for g in gaps["by_cause"][:top]:
