@@ -371,3 +371,26 @@ def test_the_backward_pick_times_gpu_work_not_the_hosts_launches():
     end.synchronize()
     slept = lora_triton._time_ms(lambda: torch.cuda._sleep(2_000_000))
     assert abs(slept / start.elapsed_time(end) - 1) < 0.2, (slept, start.elapsed_time(end))
+
+
+def test_the_lagged_log_reads_a_finished_step_without_waiting_for_the_next():
+    """LaggedLog reads a logged step's values one step late without draining the queue: with about a
+    second of the next step's GPU work queued, reading the finished step returns at once (a float() of
+    the device tensor would wait for the whole queue), and the next step's value follows on flush."""
+    import time
+
+    from trainperf.train.clock import LaggedLog
+
+    out = []
+    log = LaggedLog(out.append)
+    loss = torch.full((), 2.0, device="cuda")
+    log.add({"step": 1, "loss": loss})
+    torch.cuda.synchronize()  # step 1 is done on the GPU
+    torch.cuda._sleep(2_000_000_000)  # step 2's work: about 1 s at the H200's clock
+    log.add({"step": 2, "loss": loss * 3})
+    t0 = time.perf_counter()
+    log.lag()
+    waited = time.perf_counter() - t0
+    assert out == [{"step": 1, "loss": 2.0}] and waited < 0.1, waited
+    log.flush()
+    assert out[1] == {"step": 2, "loss": 6.0}

@@ -226,6 +226,56 @@ def test_idle_gaps_at_the_steps_edges_are_the_traces_own_and_summed_apart():
     assert gaps["gaps_s_per_step"] == pytest.approx(530e-6)
 
 
+def _ev(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0 if cat == "kernel" else 1, "tid": tid,
+            "ts": float(ts), "dur": float(dur), "args": args}
+
+
+def _causes(trace) -> dict:
+    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    return {(g["cause"], g["where"]): round(g["total_s_per_step"] * 1e6 * len({x["step"] for x in gaps["largest"]}))
+            for g in gaps["by_cause"]}
+
+
+def test_a_steps_head_is_the_traces_only_up_to_how_far_ahead_the_host_was():
+    """Step 4's host needs 300 us before its first launch; the trace's own sync at the end of step 3
+    lasted 100 us, so a loop that does not wait would have entered step 4 only 100 us ahead of the
+    GPU: 100 us of the head are the trace's, 200 us a late launch. The first profiled step (3) has no
+    earlier step in the trace: its whole head is the trace's."""
+    trace = {"traceEvents": [
+        _ev("user_annotation", "ProfilerStep#3", 0, 1000), _ev("user_annotation", "ProfilerStep#4", 1000, 1000),
+        _ev("kernel", "k3", 150, 700, tid=7, correlation=1), _ev("cuda_runtime", "cudaLaunchKernel", 100, 2, correlation=1),
+        _ev("cuda_runtime", "cudaDeviceSynchronize", 895, 100),  # the trace's wait: [895, 995), the GPU busy to 850
+        _ev("cpu_op", "aten::zeros", 1250, 60),
+        _ev("kernel", "k4", 1300, 600, tid=7, correlation=2), _ev("cuda_runtime", "cudaLaunchKernel", 1290, 2, correlation=2),
+        _ev("cuda_runtime", "cudaDeviceSynchronize", 1950, 45),
+    ]}
+    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    got = sorted((g["step"], g["cause"], round(g["dur_s"] * 1e6)) for g in gaps["largest"])
+    assert got == [(3, "end of step", 105), (3, "late launch", 45), (3, "start of step", 150),  # [850, 895): host
+                   (4, "end of step", 50), (4, "late launch", 50), (4, "late launch", 200), (4, "start of step", 100)]
+    assert gaps["edges_s_per_step"] == pytest.approx((105 + 150 + 50 + 100) * 1e-6 / 2)
+
+
+def test_only_the_traces_own_bare_sync_makes_a_tail_an_edge():
+    """The tail after a step's last kernel: host work before the trace's sync is a late launch (where =
+    the op open then); a sync under an op that runs to the step's end stays a host sync; a bare sync
+    on a thread without the step's span is no trace's wait; a step without a kernel is no edge."""
+    base = [_ev("user_annotation", "ProfilerStep#3", 0, 1000), _ev("kernel", "k", 0, 100, tid=7, correlation=1),
+            _ev("cuda_runtime", "cudaLaunchKernel", 0, 1, correlation=1)]
+    busy_host = base + [_ev("cpu_op", "write_progress", 120, 800), _ev("cuda_runtime", "cudaDeviceSynchronize", 990, 5)]
+    assert _causes({"traceEvents": busy_host}) == {("late launch", "write_progress"): 890,
+                                                   ("end of step", "cudaDeviceSynchronize"): 10}
+    item = base + [_ev("cpu_op", "aten::item", 150, 849), _ev("cpu_op", "aten::_local_scalar_dense", 151, 847),
+                   _ev("cuda_runtime", "cudaStreamSynchronize", 160, 835)]
+    assert _causes({"traceEvents": item}) == {("host sync", "aten::_local_scalar_dense > cudaStreamSynchronize"): 900}
+    other_thread = base + [_ev("cuda_runtime", "cudaDeviceSynchronize", 200, 795, tid=9)]
+    assert _causes({"traceEvents": other_thread}) == {("host sync", "cudaDeviceSynchronize"): 900}
+    no_kernel = base + [_ev("user_annotation", "ProfilerStep#4", 1000, 1000), _ev("cpu_op", "aten::add", 1100, 10)]
+    assert _causes({"traceEvents": no_kernel}) == {("end of step", "(no op open)"): 900,
+                                                   ("no kernel in the step", "(no op open)"): 1000}
+
+
 def test_the_summary_prints_the_idle_gaps(capsys):
     s = A.analyze([A.parse_rank(_gapped_step_trace(), 0)])
     s.update(trace_dir="t", summary_file="t/trace_summary.json")

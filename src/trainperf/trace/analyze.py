@@ -460,12 +460,18 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
       the bottleneck there (Python, the optimizer's per-tensor calls, a compiled graph's guards);
     - ``dependency``: it was launched before the gap began but started later (a cross-stream wait,
       an event);
-    - ``start of step`` / ``end of step``: the step's edges -- before its first kernel, or after its
-      last one with the host in a bare synchronize or no later kernel in the trace. The trace waits for
-      the GPU after every step (so each step's GPU time is its own, ``capture.TraceCapture.step``) and
-      the profiler switches itself on in the first active step (50 ms seen on a 7B LoRA step, against
-      2 ms in the next), so these gaps are the trace's; a training loop that does not wait keeps the
-      queue full across them. They are summed apart from the gaps inside the step.
+    - ``start of step`` / ``end of step``: the step's edges, the trace's own waits. The trace waits
+      for the GPU after every step (so each step's GPU time is its own, ``capture.TraceCapture.step``):
+      the tail from that bare synchronize's start (no op open on its thread but the step's span) is
+      ``end of step``, and so is a tail with no later kernel in the trace. A loop that does not wait
+      would have gone into the next step that much ahead of the GPU -- the sync's whole length -- so
+      the next step's head gap (the host's walk to its first launch) is ``start of step`` up to that
+      length and ``late launch`` beyond it: a launch-bound step keeps its real head idle. The first
+      profiled step's head is ``start of step`` whole: no earlier step is in the trace, and the
+      profiler switches itself on there (50 ms seen on a 7B LoRA step, against 2 ms in the next).
+      Host work between the last kernel and that sync is ``late launch``, where = the ops open
+      halfway through it. A step without a kernel is ``no kernel in the step``, no edge. Edges are
+      summed apart from the gaps inside the step.
     ``where``: the innermost host ops at the sync or at the launch."""
     runtime = {}
     syncs = []
@@ -488,7 +494,43 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
     starts = [d[0] for d in device]
     ends = sorted((d[1], d[2]) for d in device)
     end_times = [x[0] for x in ends]
+
+    def ops_at(key, ts) -> list[str]:
+        return stacks[key].at(ts) if key in stacks else []
+
+    def bare(iv, key) -> bool:  # a synchronize called with no op open but the step's own span: the trace's
+        ops = ops_at(key, iv[0])
+        return bool(ops) and all(_STEP.match(n) for n in ops)
+
+    def classify(g0, g1, after):
+        blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0]
+        if blocking:
+            iv, key, name = max(blocking, key=lambda b: min(b[0][1], g1) - max(b[0][0], g0))
+            return "host sync", ops_at(key, iv[0]) + [name]
+        if after is None:
+            return "end of step", []
+        launch = runtime.get(after[3])
+        if launch is None:
+            return "dependency", []
+        return ("late launch" if launch[0] > g0 else "dependency"), ops_at(launch[1], launch[0])
+
+    # the trace's own sync in each step (the last bare one starting inside it): how far ahead of the GPU
+    # the host would have entered the next step had it not waited
+    lead = {}
+    for k, lo, hi in steps:
+        own = [iv for iv, key, _ in syncs if lo <= iv[0] < hi and bare(iv, key)]
+        if own:
+            lead[k] = max(own)[1] - max(own)[0]
     out = []
+
+    def add(k, lo, g0, g1, cause, stack, after):
+        if g1 - g0 <= 0:
+            return
+        j = bisect_right(end_times, g0) - 1
+        out.append({"step": k, "start_ns": g0, "offset_s": (g0 - lo) * 1e-9, "dur_s": (g1 - g0) * 1e-9,
+                    "cause": cause, "where": _where(stack), "stack": stack[-4:],
+                    "before": ends[j][1] if j >= 0 else None, "after": after[2] if after else None})
+
     for k, lo, hi in steps:
         inside = clip(busy, lo, hi)
         cursor, holes = lo, []
@@ -503,30 +545,27 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
                 continue
             i = bisect_left(starts, g1)
             after = device[i] if i < len(device) else None
-            j = bisect_right(end_times, g0) - 1
-            before = ends[j][1] if j >= 0 else None
-            blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0]
-            if g0 == lo:
-                cause, stack = "start of step", []
-                if after is not None and (launch := runtime.get(after[3])) is not None and launch[1] in stacks:
-                    stack = stacks[launch[1]].at(launch[0])
-            elif blocking:
-                iv, key, name = max(blocking, key=lambda b: min(b[0][1], g1) - max(b[0][0], g0))
-                stack = (stacks[key].at(iv[0]) if key in stacks else []) + [name]
-                bare = not [n for n in stack[:-1] if not _STEP.match(n)]  # no op of the step's own open
-                cause = "end of step" if g1 == hi and bare else "host sync"
-            elif after is None:
-                cause, stack = "end of step", []
-            else:
-                launch = runtime.get(after[3])
-                if launch is None:
-                    cause, stack = "dependency", []
-                else:
-                    cause = "late launch" if launch[0] > g0 else "dependency"
-                    stack = stacks[launch[1]].at(launch[0]) if launch[1] in stacks else []
-            out.append({"step": k, "start_ns": g0, "offset_s": (g0 - lo) * 1e-9, "dur_s": (g1 - g0) * 1e-9,
-                        "cause": cause, "where": _where(stack), "stack": stack[-4:],
-                        "before": before, "after": after[2] if after else None})
+            if g0 == lo and g1 == hi:  # no kernel in the whole step: no edge of the trace's
+                cause, stack = classify(g0, g1, after)
+                add(k, lo, g0, g1, cause if cause == "host sync" else "no kernel in the step", stack, after)
+                continue
+            if g0 == lo:  # the head: hidden behind the previous step's lead, if it was in the trace
+                edge = min(g1 - g0, lead[k - 1]) if k - 1 in lead else g1 - g0
+                launch = runtime.get(after[3]) if after is not None else None
+                add(k, lo, g0, g0 + edge, "start of step", ops_at(launch[1], launch[0]) if launch else [], after)
+                add(k, lo, g0 + edge, g1, *classify(g0 + edge, g1, after), after)
+                continue
+            tail = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0 and bare(iv, key)]
+            if g1 == hi and g0 > lo and tail:  # the tail: the trace's own sync from its start
+                (s0, _), key, name = max(tail)
+                if s0 > g0:
+                    cause, stack = classify(g0, s0, after)
+                    if cause != "host sync":  # the GPU ran dry while the host worked on what was open then
+                        cause, stack = "late launch", ops_at(key, (g0 + s0) // 2)
+                    add(k, lo, g0, s0, cause, stack, after)
+                add(k, lo, max(g0, s0), g1, "end of step", ops_at(key, s0) + [name], after)
+                continue
+            add(k, lo, g0, g1, *classify(g0, g1, after), after)
     return out
 
 

@@ -7,9 +7,12 @@ per step, which on a launch-bound run (a small model, short sequences) is a larg
 * ``StepClock``: on CUDA two events bracket each step on the current stream; their elapsed time is
   read later, so the interval is the GPU timeline's -- the GPU's work when the GPU is the bottleneck,
   the host's launch time when the host is. On CPU the wall clock.
-* ``LaggedLog``: the values a step logs (loss, gradient norm, step time) stay device tensors and are
-  read one step late, after the next step's work is queued; the read then waits only for a step the
-  GPU has already (nearly) finished. ``flush`` reads everything now (before an eval, at the end).
+* ``LaggedLog``: the values a step logs (loss, gradient norm, step time) are read one step late,
+  after the next step's work is queued. A ``float()`` of a CUDA tensor synchronizes the whole stream,
+  the next step's queued work included, so each value is instead copied into pinned host memory
+  behind its step's work with an event after the copies; the late read waits on that event only,
+  for a step the GPU has already (nearly) finished. ``flush`` reads everything now (before an eval,
+  at the end).
 """
 
 from __future__ import annotations
@@ -73,11 +76,23 @@ class LaggedLog:
 
     def __init__(self, emit: Callable[[dict], None]):
         self.emit = emit
-        self._pending: list[dict] = []
+        self._pending: list[tuple[dict, torch.cuda.Event | None]] = []
 
     def add(self, record: dict) -> None:
         """``record`` may hold device tensors; they are converted to floats when emitted."""
-        self._pending.append(record)
+        staged, copied = {}, False
+        for k, v in record.items():
+            if isinstance(v, torch.Tensor) and v.is_cuda:
+                host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                host.copy_(v.detach(), non_blocking=True)  # queued behind the step's work
+                staged[k], copied = host, True
+            else:
+                staged[k] = v
+        event = None
+        if copied:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((staged, event))
 
     def lag(self) -> None:
         """Emit all but the newest record (call after the next step's work is queued)."""
@@ -89,5 +104,7 @@ class LaggedLog:
             self._emit_one()
 
     def _emit_one(self) -> None:
-        rec = self._pending.pop(0)
+        rec, copied = self._pending.pop(0)
+        if copied is not None:
+            copied.synchronize()  # this record's copies, not the work queued after them
         self.emit({k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in rec.items()})
