@@ -232,9 +232,10 @@ def _ev(cat, name, ts, dur, tid=1, **args):
 
 
 def _causes(trace) -> dict:
+    """Each (cause, where)'s idle time over the whole trace, in us."""
+    n_steps = sum(1 for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#"))
     gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
-    return {(g["cause"], g["where"]): round(g["total_s_per_step"] * 1e6 * len({x["step"] for x in gaps["largest"]}))
-            for g in gaps["by_cause"]}
+    return {(g["cause"], g["where"]): round(g["total_s_per_step"] * 1e6 * n_steps) for g in gaps["by_cause"]}
 
 
 def test_a_steps_head_is_the_traces_only_up_to_how_far_ahead_the_host_was():
@@ -255,6 +256,12 @@ def test_a_steps_head_is_the_traces_only_up_to_how_far_ahead_the_host_was():
     assert got == [(3, "end of step", 105), (3, "late launch", 45), (3, "start of step", 150),  # [850, 895): host
                    (4, "end of step", 50), (4, "late launch", 50), (4, "late launch", 200), (4, "start of step", 100)]
     assert gaps["edges_s_per_step"] == pytest.approx((105 + 150 + 50 + 100) * 1e-6 / 2)
+    # had step 3 not waited at its end (no trace sync in it), step 4's whole head would be real idle
+    no_wait = {"traceEvents": [e for e in trace["traceEvents"] if not (e["name"] == "cudaDeviceSynchronize"
+                                                                       and e["ts"] < 1000)]}
+    heads = [g for g in A.analyze([A.parse_rank(no_wait, 0)])["idle_gaps"]["largest"] if g["step"] == 4
+             and g["offset_s"] == 0]
+    assert [(g["cause"], round(g["dur_s"] * 1e6)) for g in heads] == [("late launch", 300)]
 
 
 def test_only_the_traces_own_bare_sync_makes_a_tail_an_edge():
@@ -266,12 +273,17 @@ def test_only_the_traces_own_bare_sync_makes_a_tail_an_edge():
     busy_host = base + [_ev("cpu_op", "write_progress", 120, 800), _ev("cuda_runtime", "cudaDeviceSynchronize", 990, 5)]
     assert _causes({"traceEvents": busy_host}) == {("late launch", "write_progress"): 890,
                                                    ("end of step", "cudaDeviceSynchronize"): 10}
+    # an event sync inside that work returns at once (its step long done): no cause of the host's 800 us
+    quick_sync = busy_host + [_ev("cuda_runtime", "cudaEventSynchronize", 500, 2)]
+    assert _causes({"traceEvents": quick_sync}) == _causes({"traceEvents": busy_host})
     item = base + [_ev("cpu_op", "aten::item", 150, 849), _ev("cpu_op", "aten::_local_scalar_dense", 151, 847),
                    _ev("cuda_runtime", "cudaStreamSynchronize", 160, 835)]
     assert _causes({"traceEvents": item}) == {("host sync", "aten::_local_scalar_dense > cudaStreamSynchronize"): 900}
     other_thread = base + [_ev("cuda_runtime", "cudaDeviceSynchronize", 200, 795, tid=9)]
     assert _causes({"traceEvents": other_thread}) == {("host sync", "cudaDeviceSynchronize"): 900}
-    no_kernel = base + [_ev("user_annotation", "ProfilerStep#4", 1000, 1000), _ev("cpu_op", "aten::add", 1100, 10)]
+    # a step without a kernel, ending in the trace's own sync as every step does
+    no_kernel = base + [_ev("user_annotation", "ProfilerStep#4", 1000, 1000), _ev("cpu_op", "aten::add", 1100, 10),
+                        _ev("cuda_runtime", "cudaDeviceSynchronize", 1950, 40)]
     assert _causes({"traceEvents": no_kernel}) == {("end of step", "(no op open)"): 900,
                                                    ("no kernel in the step", "(no op open)"): 1000}
 

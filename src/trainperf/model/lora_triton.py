@@ -366,12 +366,14 @@ def _time_ms(fn, reps: int = 20, sleep_cycles: int = 20_000_000) -> float:
     (0.07-0.2 ms): on an H200 that picked the one-pass form for every q/k/v/o/down shape although the
     split form ran 2-22% faster on the GPU (bench/lora_kernel.py's CUDA-graph times). Here the stream
     is held in ``torch.cuda._sleep`` while the host queues every call, each between two events and
-    after a write larger than the L2 cache (as do_bench clears it: no call finds its inputs cached);
+    after a write of the L2 cache's size (as do_bench clears it: no call finds its inputs cached);
     if the sleep ran out before the calls were queued, it is retried longer, and if it never holds
     (``fn`` waits for the GPU itself), the host's timing is what is left, with a warning."""
     fn()
     torch.cuda.synchronize()
-    l2_flush = torch.empty(64 * 2**20, dtype=torch.int32, device="cuda")  # 256 MiB
+    # one L2's worth (50 MiB on an H200), allocated during the first backward, at its peak memory
+    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 64 * 2**20
+    l2_flush = torch.empty(l2_bytes // 4, dtype=torch.int32, device="cuda")
     for _ in range(4):
         marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
         torch.cuda._sleep(sleep_cycles)

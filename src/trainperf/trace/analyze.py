@@ -455,7 +455,7 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
     MIN_GAP_NS long, with its cause read off the host's timeline:
 
     - ``host sync``: a host thread sat in a blocking runtime call (a stream / device / event
-      synchronize, a blocking copy) during the gap -- the op that issued it is the culprit;
+      synchronize, a blocking copy) for at least half the gap -- the op that issued it is the culprit;
     - ``late launch``: the kernel that ends the gap was launched after the gap began -- the host was
       the bottleneck there (Python, the optimizer's per-tensor calls, a compiled graph's guards);
     - ``dependency``: it was launched before the gap began but started later (a cross-stream wait,
@@ -466,7 +466,8 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
       ``end of step``, and so is a tail with no later kernel in the trace. A loop that does not wait
       would have gone into the next step that much ahead of the GPU -- the sync's whole length -- so
       the next step's head gap (the host's walk to its first launch) is ``start of step`` up to that
-      length and ``late launch`` beyond it: a launch-bound step keeps its real head idle. The first
+      length and ``late launch`` beyond it (all of it when the previous step did not wait): a
+      launch-bound step keeps its real head idle. The first
       profiled step's head is ``start of step`` whole: no earlier step is in the trace, and the
       profiler switches itself on there (50 ms seen on a 7B LoRA step, against 2 ms in the next).
       Host work between the last kernel and that sync is ``late launch``, where = the ops open
@@ -502,8 +503,11 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
         ops = ops_at(key, iv[0])
         return bool(ops) and all(_STEP.match(n) for n in ops)
 
-    def classify(g0, g1, after):
-        blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0]
+    def classify(g0, g1, after, skip_bare=False):
+        # a sync is the gap's cause when the host sat in it for at least half the gap: an event sync
+        # that returns at once (its step long finished) is no cause of the host work around it
+        blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0
+                    and 2 * (min(iv[1], g1) - max(iv[0], g0)) >= g1 - g0 and not (skip_bare and bare(iv, key))]
         if blocking:
             iv, key, name = max(blocking, key=lambda b: min(b[0][1], g1) - max(b[0][0], g0))
             return "host sync", ops_at(key, iv[0]) + [name]
@@ -516,7 +520,7 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
 
     # the trace's own sync in each step (the last bare one starting inside it): how far ahead of the GPU
     # the host would have entered the next step had it not waited
-    lead = {}
+    lead, traced = {}, {k for k, _, _ in steps}
     for k, lo, hi in steps:
         own = [iv for iv, key, _ in syncs if lo <= iv[0] < hi and bare(iv, key)]
         if own:
@@ -546,11 +550,11 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
             i = bisect_left(starts, g1)
             after = device[i] if i < len(device) else None
             if g0 == lo and g1 == hi:  # no kernel in the whole step: no edge of the trace's
-                cause, stack = classify(g0, g1, after)
+                cause, stack = classify(g0, g1, after, skip_bare=True)
                 add(k, lo, g0, g1, cause if cause == "host sync" else "no kernel in the step", stack, after)
                 continue
             if g0 == lo:  # the head: hidden behind the previous step's lead, if it was in the trace
-                edge = min(g1 - g0, lead[k - 1]) if k - 1 in lead else g1 - g0
+                edge = min(g1 - g0, lead.get(k - 1, 0)) if k - 1 in traced else g1 - g0
                 launch = runtime.get(after[3]) if after is not None else None
                 add(k, lo, g0, g0 + edge, "start of step", ops_at(launch[1], launch[0]) if launch else [], after)
                 add(k, lo, g0 + edge, g1, *classify(g0 + edge, g1, after), after)
