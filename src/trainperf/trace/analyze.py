@@ -454,8 +454,9 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
     """Every stretch of a profiled step where no kernel, copy or collective runs on the GPU, at least
     MIN_GAP_NS long, with its cause read off the host's timeline:
 
-    - ``host sync``: a host thread sat in a blocking runtime call (a stream / device / event
-      synchronize, a blocking copy) for at least half the gap -- the op that issued it is the culprit;
+    - ``host sync``: a host thread waited in a blocking runtime call (a stream / device / event
+      synchronize, a blocking copy) until the GPU ran dry, or sat in one for half the gap or more --
+      the op that issued it is the culprit;
     - ``late launch``: the kernel that ends the gap was launched after the gap began -- the host was
       the bottleneck there (Python, the optimizer's per-tensor calls, a compiled graph's guards);
     - ``dependency``: it was launched before the gap began but started later (a cross-stream wait,
@@ -504,10 +505,12 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
         return bool(ops) and all(_STEP.match(n) for n in ops)
 
     def classify(g0, g1, after, skip_bare=False):
-        # a sync is the gap's cause when the host sat in it for at least half the gap: an event sync
-        # that returns at once (its step long finished) is no cause of the host work around it
+        # a sync is the gap's cause when the host waited in it for the GPU to run dry (it began before
+        # the gap: the queue was empty when it returned) or sat in it for half the gap or more; an
+        # event sync that returns at once inside host work (its step long finished) is not
         blocking = [(iv, key, name) for iv, key, name in syncs if iv[0] < g1 and iv[1] > g0
-                    and 2 * (min(iv[1], g1) - max(iv[0], g0)) >= g1 - g0 and not (skip_bare and bare(iv, key))]
+                    and (iv[0] <= g0 or 2 * (min(iv[1], g1) - max(iv[0], g0)) >= g1 - g0)
+                    and not (skip_bare and bare(iv, key))]
         if blocking:
             iv, key, name = max(blocking, key=lambda b: min(b[0][1], g1) - max(b[0][0], g0))
             return "host sync", ops_at(key, iv[0]) + [name]
