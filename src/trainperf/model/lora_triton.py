@@ -372,7 +372,8 @@ def _time_ms(fn, reps: int = 20, sleep_cycles: int = 20_000_000) -> float:
     fn()
     torch.cuda.synchronize()
     # one L2's worth (50 MiB on an H200), allocated during the first backward, at its peak memory
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 64 * 2**20
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    l2_bytes = getattr(props, "L2_cache_size", 0) or 64 * 2**20
     l2_flush = torch.empty(l2_bytes // 4, dtype=torch.int32, device="cuda")
     for _ in range(4):
         marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]

@@ -468,9 +468,9 @@ def idle_gaps(steps, busy: list[Interval], device: list[tuple], events: list[dic
       would have gone into the next step that much ahead of the GPU -- the sync's whole length -- so
       the next step's head gap (the host's walk to its first launch) is ``start of step`` up to that
       length and ``late launch`` beyond it (all of it when the previous step did not wait): a
-      launch-bound step keeps its real head idle. The first
-      profiled step's head is ``start of step`` whole: no earlier step is in the trace, and the
-      profiler switches itself on there (50 ms seen on a 7B LoRA step, against 2 ms in the next).
+      launch-bound step keeps its real head idle. The first profiled step's head is ``start of
+      step`` whole: no earlier step is in the trace, and the profiler switches itself on there (50 ms
+      seen on a 7B LoRA step, against 2 ms in the next).
       Host work between the last kernel and that sync is ``late launch``, where = the ops open
       halfway through it. A step without a kernel is ``no kernel in the step``, no edge. Edges are
       summed apart from the gaps inside the step.
