@@ -401,12 +401,11 @@ def cmd_tune(args) -> int:
 def cmd_sweep(args) -> int:
     from trainperf.launch import sweep
     from trainperf.launch.local import Interrupted
-    from trainperf.store.db import Store, StoreError
+    from trainperf.store.db import Store, StoreError, require_existing_store
 
     try:
         if args.target == "status":
-            if not Path(args.db).exists():
-                raise StoreError(f"no results store at {args.db!r} (nothing recorded there); give the --db your sweep used")
+            require_existing_store(args.db, "your sweep")
             store = Store(args.db, read_only_ok=True)
             counts = sweep.status_counts(store)
             if not args.json:
@@ -455,13 +454,14 @@ def cmd_workloads(args) -> int:
 
 def cmd_report(args) -> int:
     from trainperf.report.table import print_table, rows_for_json
-    from trainperf.store.db import Store, StoreError
+    from trainperf.store.db import Store, StoreError, require_existing_store
 
     if args.limit < 1:
         return _bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)
-    if not Path(args.db).exists():  # a misspelt --db would otherwise be a new, empty store: "0 runs"
-        return _bad_input(f"no results store at {args.db!r} (nothing recorded there); give the --db your runs used",
-                          args.json)
+    try:
+        require_existing_store(args.db, "your runs")  # a misspelt --db would otherwise show "0 runs"
+    except StoreError as exc:
+        return _bad_input(str(exc), args.json)
     html = getattr(args, "html", None)
     if html and not Path(html).parent.is_dir():
         return _bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)

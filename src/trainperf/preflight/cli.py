@@ -159,6 +159,8 @@ def _bad_input(msg: str, as_json: bool) -> int:
 
 
 def run(args) -> int:
+    from trainperf.store.db import StoreError
+
     try:
         req, nproc, external = build_request(args)
         if args.gpu:
@@ -169,14 +171,8 @@ def run(args) -> int:
             from trainperf.store.db import check_store_path
 
             check_store_path(args.db)
-    except SpecError as exc:
+    except (SpecError, StoreError) as exc:
         return _bad_input(str(exc), args.json)
-    except Exception as exc:
-        from trainperf.store.db import StoreError
-
-        if isinstance(exc, StoreError):
-            return _bad_input(str(exc), args.json)
-        raise
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if external else 0
     run_dir = None
     if not external:

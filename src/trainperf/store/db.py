@@ -172,6 +172,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def require_existing_store(path: str | os.PathLike, used_by: str) -> None:
+    """StoreError unless a store exists at ``path``: a reader given a misspelt --db would otherwise
+    create a new, empty one and show nothing. ``used_by``: what wrote it ("your runs")."""
+    if not Path(path).exists():
+        raise StoreError(f"no results store at {str(path)!r} (nothing recorded there); give the --db {used_by} used")
+
+
+def _newer_schema(path: Path, version: int) -> StoreError:
+    return StoreError(f"results store {str(path)!r} has schema v{version}, newer than this trainperf's "
+                      f"(v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
+
+
 def check_store_path(path: str | os.PathLike) -> None:
     """StoreError if a store at ``path`` could not be opened or created, without creating anything
     (bad input must leave no file behind): an existing one is opened and checked, a new one's nearest
@@ -222,8 +234,7 @@ class Store:
                 self._switch_to_wal()
                 self._migrate()
             elif self.schema_version > SCHEMA_VERSION:
-                raise StoreError(f"results store {str(self.path)!r} has schema v{self.schema_version}, newer than this "
-                                 f"trainperf's (v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
+                raise _newer_schema(self.path, self.schema_version)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc})") from None
 
@@ -263,9 +274,7 @@ class Store:
         with self.transaction() as c:
             version = c.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"results store {str(self.path)!r} has schema v{version}, newer than this trainperf's "
-                    f"(v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
+                raise _newer_schema(self.path, version)
             for v in range(version + 1, SCHEMA_VERSION + 1):
                 # statement by statement: executescript() would COMMIT mid-transaction
                 for stmt in MIGRATIONS[v].split(";"):

@@ -104,7 +104,7 @@ class LaggedLog:
             self._emit_one()
 
     def _emit_one(self) -> None:
-        rec, copied = self._pending.pop(0)
-        if copied is not None:
-            copied.synchronize()  # this record's copies, not the work queued after them
+        rec, copied_event = self._pending.pop(0)
+        if copied_event is not None:
+            copied_event.synchronize()  # this record's copies, not the work queued after them
         self.emit({k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in rec.items()})
