@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections against separate ones, side by side on one GPU (issue 7's
+"""Fused q/k/v and gate/up projections against separate ones, side by side on one GPU (the
 "fused QKV and gate/up projections" lever): each side a compiled function, forward + backward over 8192
 tokens, for the 7B, Llama-3-8B and 70B shapes, with frozen weights (LoRA's base: forward and input
 gradient) and trained ones (pretraining: + weight gradients). Prints JSON: ms per call, ratio
@@ -7,7 +7,7 @@ gradient) and trained ones (pretraining: + weight gradients). Prints JSON: ms pe
     python bench/fused_projections.py [7b 8b 70b] > fused.json
 
 1 x H200, torch 2.11, 2026-12-01: fusing q/k/v 0.94-1.016x, gate/up 0.865-0.993x -- not kept
-(docs/PERFORMANCE.md, tenth session; bench/data/session10_h200.json; measured with its own timer, 4
+(docs/PERFORMANCE.md; bench/data/h200_2026-12-01_8b_pretrain_adamw8bit.json; measured with its own timer, 4
 warm-up calls then the median of 15, before it took layout_probes' timer with 3 warm-ups).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two probes behind the seventh session's 7B LoRA analysis (docs/PERFORMANCE.md), one GPU:
+"""Two probes behind the compiled 7B LoRA step's analysis (docs/PERFORMANCE.md), one GPU:
 
 * SDPA backends at seq 8192, 32 heads x 128 (causal), on q/k/v as strided views of a fused qkv output
   (what the model passes) and as contiguous copies: forward and backward TFLOP/s per backend;

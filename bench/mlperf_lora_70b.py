@@ -10,7 +10,8 @@ closed one.
     python bench/mlperf_lora_70b.py --nproc 2 --steps 3 [--set parallel.tp=2 ...]
 
 Prints samples/s per GPU, MFU, peak GiB, eval-pass seconds and the ratio to NVIDIA's v4.1 8xH200
-result (2.47 samples/s for 8 GPUs, FP8, NeMo; shared/research/mlperf_spec.md 1.10).
+result (2.47 samples/s for 8 GPUs, FP8, NeMo; MLCommons training_results_v4.1, NVIDIA, DGX H200,
+llama2_70b_lora).
 """
 
 from __future__ import annotations

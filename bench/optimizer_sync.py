@@ -6,9 +6,9 @@ synchronised with the device, and in training the next micro-batch then starts o
 
     python bench/optimizer_sync.py [--tensors 291] [--size 1024]
 
-Why (docs/PERFORMANCE.md, tenth session): Llama-3-8B pretraining with AdamW8bit on one H200 spends
+Why (docs/PERFORMANCE.md): Llama-3-8B pretraining with AdamW8bit on one H200 spends
 0.42-0.47 s per step outside its micro-batches, 0.57 s of GPU idle in a trace, 0.145 s of optimizer
-kernels. Measured (eleventh session, 2026-12-01, one H200, bench/data/session11_h200.json): fused AdamW's
+kernels. Measured (2026-12-01, one H200, bench/data/h200_2026-12-01_optimizer_sync.json): fused AdamW's
 step returns in 2 ms behind 238 ms of queued work; AdamW8bit as built takes 152 ms of host time with the
 GPU idle and returns 243 ms behind 237 ms of queued work -- its host work overlaps the queue but it
 returns only once the queue has drained; with its rate, or rate and step counters, on the GPU: 129 / 124 ms

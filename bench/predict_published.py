@@ -1,5 +1,5 @@
 """The planner's prediction, for this engine, of the published MLPerf llama2_70b_lora configurations
-(NVIDIA v4.1; shared/research/mlperf_spec.md 1.10). CPU only.
+(NVIDIA, MLCommons training_results_v4.1, llama2_70b_lora). CPU only.
 
     python bench/predict_published.py
 

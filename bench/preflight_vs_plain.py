@@ -4,7 +4,7 @@ Runs `trainperf preflight --json` (or `python -m trainperf.preflight.cli` where 
 mounted), then prints, for the bf16 GEMM, the HBM copy and every collective at the largest size, the
 harness time (CUDA events after warm-up and a barrier), the plain time (torch.cuda.synchronize +
 time.perf_counter around the same N calls) and harness/plain throughput, which should be >= 0.97; and
-the headline figures next to the ones measured by hand on 2 x H200 (shared/research/h200_measurements.md).
+the headline figures next to the ones measured by hand on 2 x H200 (plain synchronize + perf_counter loops).
 
     python bench/preflight_vs_plain.py [--nproc-per-node 2] [--quick] [--out runs] [--save FILE]
 
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 LIMIT = 0.97
-# measured by hand on 2 x H200 (NVLink), torch 2.11 + CUDA 13: shared/research/h200_measurements.md
+# measured by hand on 2 x H200 (NVLink), torch 2.11 + CUDA 13, plain synchronize + perf_counter loops
 REFERENCE = {"gemm bf16 TFLOP/s": "781-796", "gemm fp8 TFLOP/s": "1455", "hbm copy TB/s": "4.27",
              "all_reduce busbw 1 GiB": "327", "all_gather busbw 1 GiB": "277", "reduce_scatter busbw 1 GiB": "277",
              "all_to_all busbw 4 GiB": "337 (observability_anchors.md 3.4)", "sendrecv busbw 4 GiB": "365 (ditto)"}

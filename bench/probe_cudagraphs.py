@@ -4,7 +4,7 @@
 
     python bench/probe_cudagraphs.py
 
-Not a trainperf option: measured on an H200 (docs/PERFORMANCE.md, fifteenth session), it did not pay.
+Not a trainperf option: measured on an H200 (docs/PERFORMANCE.md, 2026-12-01), it did not pay.
 """
 
 from __future__ import annotations

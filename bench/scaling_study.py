@@ -1,5 +1,5 @@
-"""The 1 -> 2 -> 4 -> 8 GPU scaling study of the llama2_70b_lora closed recipe on one host (issue 9),
-in as few device calls as possible; resumable through its store.
+"""The 1 -> 2 -> 4 -> 8 GPU scaling study of the llama2_70b_lora closed recipe on one host,
+in as few GPU jobs as possible; resumable through its store.
 
     python bench/scaling_study.py --gpus 8 --db D/scaling.db --out D [--phase preflight|runs|report|all]
                                   [--steps 4] [--deadline-s 540]

@@ -1,4 +1,4 @@
-"""Issue 7's grid of side-by-side benchmarks: shapes x sequence lengths x recompute, one process per
+"""The grid of side-by-side benchmarks: shapes x sequence lengths x recompute, one process per
 cell, the cells spread over the visible GPUs (one cell per GPU at a time, each on its share of the CPU
 cores), results as JSON lines and a Markdown table.
 
@@ -61,7 +61,7 @@ def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], dead
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
             cores = cpu_share(gpus.index(gpu), len(gpus))
             # the cell's output goes to a file (a pipe read only at the end would block a chatty cell), in
-            # a session of its own so that a kill takes its compile workers too
+            # a process session of its own so that a kill takes its compile workers too
             log = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                     start_new_session=True, preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores))

@@ -1,11 +1,11 @@
 """Compiled tensor parallel on the 7B LoRA shape (TP2 + SP, GBS 4, seq 8192), the engine built directly:
-the sixth session's probe, from when `trainperf run` refused train.compile with TP and LoRA dropout.
-Since the seventh session's dropout draw that combination runs through `trainperf run`/`trace` itself
+a probe from when `trainperf run` refused train.compile with TP and LoRA dropout. Since the dropout
+mask is drawn on a plain global-shape tensor, that combination runs through `trainperf run`/`trace` itself
 (docs/PERFORMANCE.md); the probe stays as the engine-only timing of the same step.
 
     torchrun --nproc-per-node 2 bench/tp_compile_probe.py LORA_DROPOUT      # e.g. 0.1 or 0.0
 
-2 x H200, 2026-11-30 (sixth session): dropout 0.0 -> 1.337 s per step (eager 3.366 s), 22.2 GiB;
+2 x H200, 2026-11-30: dropout 0.0 -> 1.337 s per step (eager 3.366 s), 22.2 GiB;
 dropout 0.1 -> the fake-tensor error on bernoulli_ of a DTensor, since fixed in model/lora.py.
 """
 import json

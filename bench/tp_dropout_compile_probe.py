@@ -22,7 +22,7 @@ from trainperf.specs import LoRASpec, ModelSpec
 
 
 def bernoulli_on_dtensor(x, p, training):
-    """The draw before the seventh session: DTensor's own random op (its CUDA RNG tracker)."""
+    """The former draw: DTensor's own random op (its CUDA RNG tracker)."""
     from torch.distributed.tensor import DTensor
 
     if not training or p == 0:
