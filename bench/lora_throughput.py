@@ -2,7 +2,7 @@
 
 Same GPU, same process, same shapes, random weights and tokens, LoRA r16 alpha 32 dropout 0.1 on
 q/k/v/o, micro-batch 1, AdamW on the adapters, gradient clipping. Prints tokens/s, model TFLOP/s,
-MFU (LoRA-aware FLOPs, trainperf.train.metrics) and peak memory for both, and the ratio.
+MFU (LoRA-aware FLOPs, trainperf.core.flops) and peak memory for both, and the ratio.
 ``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure;
 ``--lora-kernel torch,fused`` once per LoRA input-side kernel (with both: every pair, attention outer).
 
@@ -21,9 +21,9 @@ import time
 import torch
 
 from common import append_json_line, has_cuda
-from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec
-from trainperf.train import metrics
-from trainperf.train.loss import train_loss_sum
+from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec, TrainSpec
+from trainperf.core import flops as metrics
+from trainperf.model.loss import train_loss_sum
 
 SHAPES = {  # Llama-2 shapes (vocab 32000)
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32, num_kv_heads=4),
@@ -72,7 +72,8 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
                     compile_layers=False, fp8: str = "none", attention: str = "sdpa", lora_kernel: str = "torch") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
-    from trainperf.train.loop import clip_gradients, init_distributed, resolve_param_dtype
+    from trainperf.train.loop import clip_gradients, resolve_param_dtype
+    from trainperf.parallel.distributed import init_distributed
 
     spec = RunSpec(workload="bench", model=model_spec, lora=lora,
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,

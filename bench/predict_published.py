@@ -13,8 +13,10 @@ from __future__ import annotations
 from trainperf.plan.costs import estimate
 from trainperf.plan.hardware import PRESETS
 from trainperf.plan.search import rcp_samples, time_to_train
-from trainperf.specs import resolve_layout, resolve_spec, validate_layout
-from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+from trainperf.core.layout import resolve_layout
+from trainperf.core.resolve import resolve_spec
+from trainperf.core.validate import validate_layout
+from trainperf.mlperf.recipes import llama2_70b_lora_defaults
 
 CONFIGS = [  # name, gpu, gpus, gpus per node, overrides, published minutes
     ("8xH100 DP2 TP4 SP", "h100", 8, 8, ["parallel.tp=4", "parallel.sp=true"], 27.93),
@@ -35,7 +37,7 @@ def main() -> None:
             spec = resolve_spec(llama2_70b_lora_defaults(), None,
                                 ["hardware.device=cuda", f"train.recompute={recompute}", *overrides])
             resolve_layout(spec, gpus)
-            validate_layout(spec)
+            validate_layout(spec, cuda=True)  # layouts priced for GPUs
             est = estimate(spec, gpu, per_node)
             samples = rcp_samples(spec)
             ttt = time_to_train(spec, est, samples)

@@ -1,6 +1,6 @@
 """Preflight on this machine's GPUs: does its harness measure what a plain loop measures?
 
-Runs `trainperf preflight --json` (or `python -m trainperf.preflight.cli` where the subcommand is not
+Runs `trainperf preflight --json` (or `python -m trainperf.cli.preflight` where the subcommand is not
 mounted), then prints, for the bf16 GEMM, the HBM copy and every collective at the largest size, the
 harness time (CUDA events after warm-up and a barrier), the plain time (torch.cuda.synchronize +
 time.perf_counter around the same N calls) and harness/plain throughput, which should be >= 0.97; and
@@ -36,7 +36,7 @@ def preflight_cmd() -> list[str]:
             return [sys.executable, "-m", "trainperf", "preflight"]
     except Exception:  # noqa: BLE001
         pass
-    return [sys.executable, "-m", "trainperf.preflight.cli"]
+    return [sys.executable, "-m", "trainperf.cli.preflight"]
 
 
 def main() -> int:

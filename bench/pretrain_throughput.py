@@ -12,7 +12,7 @@ in bf16:
   gradient checkpointing for full recompute -- the plain recipe most training scripts start from.
 
 Prints tokens/s, model TFLOP/s, MFU (6 x linear parameters + causal attention per token,
-trainperf.train.metrics) and peak memory of each side, and the ratio. A side that does not fit the
+trainperf.core.flops) and peak memory of each side, and the ratio. A side that does not fit the
 GPU says so (one line) instead of a time.
 
     python bench/pretrain_throughput.py --shape 1b --seq 8192 --recompute none --compile [--no-baseline] [--json FILE]
@@ -30,9 +30,10 @@ import torch
 
 from common import has_cuda
 from lora_throughput import SHAPES, side_by_side, step_figures
-from trainperf.specs import LoRASpec, ModelSpec, RunSpec, TrainSpec, resolve_spec
-from trainperf.train import metrics
-from trainperf.train.loss import train_loss_sum
+from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec, TrainSpec
+from trainperf.core.resolve import resolve_spec
+from trainperf.core import flops as metrics
+from trainperf.model.loss import train_loss_sum
 
 MAX_GRAD_NORM = 1.0
 
@@ -41,7 +42,8 @@ def bench_trainperf(model_spec: ModelSpec, seq: int, recompute: str, steps: int,
                     compile_layers: bool, overrides: list[str]) -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
-    from trainperf.train.loop import build_optimizer, clip_gradients, init_distributed, resolve_param_dtype
+    from trainperf.train.loop import build_optimizer, clip_gradients, resolve_param_dtype
+    from trainperf.parallel.distributed import init_distributed
 
     base = RunSpec(workload="bench", model=model_spec, lora=LoRASpec(rank=0),
                    train=TrainSpec(micro_batch_size=1, global_batch_size=1, recompute=recompute, seed=0,

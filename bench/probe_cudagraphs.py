@@ -18,8 +18,8 @@ import torch._inductor.config as inductor_config
 
 import lora_throughput as bench
 from common import has_cuda
-from trainperf.specs import ModelSpec
-from trainperf.train import metrics
+from trainperf.core.spec import ModelSpec
+from trainperf.core import flops as metrics
 
 SEQ = 8192
 

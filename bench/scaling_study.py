@@ -60,8 +60,9 @@ def planned_first(gpus: int) -> tuple[list[str] | None, str]:
 
 
 def layout_of(gpus: int, sets: list[str]) -> str:
-    from trainperf.parallel.parallelize import layout_string
-    from trainperf.specs import resolve_layout, resolve_spec
+    from trainperf.core.layout import layout_string
+    from trainperf.core.layout import resolve_layout
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     spec = resolve_spec(get_workload(WORKLOAD).defaults(), None, THROUGHPUT + sets)

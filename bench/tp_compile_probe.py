@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 
 from trainperf.parallel.parallelize import build_mesh
-from trainperf.specs import resolve_layout, resolve_spec
+from trainperf.core.layout import resolve_layout
+from trainperf.core.resolve import resolve_spec
 from trainperf.train.engine import Engine
-from trainperf.train.loop import init_distributed
+from trainperf.parallel.distributed import init_distributed
 from trainperf.workloads.mini import synthetic_lora_defaults
 
 

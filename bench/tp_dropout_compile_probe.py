@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 import trainperf.model.lora as lora_mod
 from trainperf.model.llama import LlamaForCausalLM
 from trainperf.parallel.parallelize import apply_compile, apply_tp
-from trainperf.specs import LoRASpec, ModelSpec
+from trainperf.core.spec import LoRASpec, ModelSpec
 
 
 def bernoulli_on_dtensor(x, p, training):

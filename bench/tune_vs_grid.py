@@ -50,7 +50,7 @@ def save(state: Path, data: dict) -> None:
 def planned(gpus: int, extra: list[str]):
     from trainperf.plan.hardware import load_gpu
     from trainperf.plan.search import DEFAULT_MEMORY_HEADROOM, plan
-    from trainperf.specs import resolve_spec
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     base = resolve_spec(get_workload(WORKLOAD).defaults(), None, extra)
@@ -61,7 +61,7 @@ def planned(gpus: int, extra: list[str]):
 def phase_grid(args, extra: list[str]) -> None:
     from types import SimpleNamespace
 
-    from trainperf.launch.tune import run_trial
+    from trainperf.runner.tune import run_trial
 
     state = load(args.state)
     fits = planned(args.gpus, extra)

@@ -2,8 +2,8 @@
 
 Three levels:
 
-* unit tests of ``trainperf.specs`` (coercion, config layering, validation, derived quantities);
-* in-process tests of ``trainperf.launch.local.prepare`` for extra dataset/checkpoint problems;
+* unit tests of ``trainperf.core.spec`` (coercion, config layering, validation, derived quantities);
+* in-process tests of ``trainperf.runner.local.prepare`` for extra dataset/checkpoint problems;
 * the CLI as a user runs it, one fresh interpreter per case.
 
 Every CLI invocation costs an interpreter plus a torch import (~2 s of CPU), so the module runs all
@@ -30,18 +30,11 @@ from conftest import trainperf_cmd
 from trainperf.data.tokens import TokenSplit, save_split
 from trainperf.model.checkpoint import save_hf_checkpoint
 from trainperf.model.llama import LlamaForCausalLM
-from trainperf.specs import (
-    RunSpec,
-    SpecError,
-    data_parallel_size,
-    eval_interval_samples,
-    grad_accum_steps,
-    load_config_file,
-    parse_override,
-    resolve_spec,
-    set_value,
-    validate,
-)
+from trainperf.core.spec import RunSpec, eval_interval_samples, set_value
+from trainperf.core.resolve import load_config_file, parse_override, resolve_spec
+from trainperf.core.errors import SpecError
+from trainperf.core.layout import data_parallel_size, grad_accum_steps
+from trainperf.runner.checks import validate_run
 from trainperf.workloads.mini import SEQ, VOCAB, mini_lora_defaults, mini_model, mini_pretrain_defaults
 
 # ---------------------------------------------------------------------------------------------
@@ -84,7 +77,7 @@ def garbage(path: Path, n: int = 256) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Unit level: trainperf.specs
+# 1. Unit level: trainperf.core.spec
 
 
 def _spec() -> RunSpec:
@@ -279,7 +272,7 @@ def test_validate_fills_dp_shard_from_world_size(world, dp_replicate, dp_shard):
     spec.parallel.dp_replicate = dp_replicate
     spec.train.micro_batch_size = 1
     assert spec.parallel.dp_shard == -1
-    validate(spec, world)
+    validate_run(spec, world)
     assert spec.parallel.dp_shard == dp_shard
     assert data_parallel_size(spec.parallel) == world
 
@@ -287,10 +280,10 @@ def test_validate_fills_dp_shard_from_world_size(world, dp_replicate, dp_shard):
 def test_grad_accum_steps():
     spec = mini_pretrain_defaults()
     spec.train.global_batch_size, spec.train.micro_batch_size = 16, 2
-    validate(spec, 2)
+    validate_run(spec, 2)
     assert grad_accum_steps(spec) == 4  # 16 / (dp 2 x micro 2)
     spec = mini_pretrain_defaults()  # GBS 16, micro 8, one process
-    validate(spec, 1)
+    validate_run(spec, 1)
     assert grad_accum_steps(spec) == 2
 
 
@@ -337,9 +330,9 @@ def test_a_gpu_name_is_only_checked_when_its_peak_is_looked_up():
 def test_a_checkpoint_may_raise_max_position_embeddings_before_its_config_is_applied():
     """validate before model.path's config.json is read cannot know its context length; after, it does."""
     spec = resolve_spec(mini_pretrain_defaults(), None, ["model.path=/some/ck", "data.seq_len=512"])
-    validate(spec, 1, before_checkpoint=True)
+    validate_run(spec, 1, before_checkpoint=True)
     with pytest.raises(SpecError, match="data.seq_len=512 exceeds model.max_position_embeddings=256"):
-        validate(spec, 1)
+        validate_run(spec, 1)
 
 
 def test_lora_alpha_must_be_positive_only_when_lora_is_on():
@@ -397,7 +390,7 @@ def test_lora_alpha_must_be_positive_only_when_lora_is_on():
 )
 def test_validate_rejects(overrides, world, words):
     with pytest.raises(SpecError) as info:  # a misspelt named choice already fails in resolve_spec
-        validate(resolve_spec(mini_pretrain_defaults(), None, overrides), world)
+        validate_run(resolve_spec(mini_pretrain_defaults(), None, overrides), world)
     msg = str(info.value)
     assert "\n" not in msg
     for w in words:
@@ -412,13 +405,13 @@ def test_validate_rejects(overrides, world, words):
 ])
 def test_named_choices_checked_by_resolve_spec_and_validate(section, key, valid):
     """One check (specs.check_choices) behind both: resolve_spec, which plan and tune use without
-    validate(), and validate, for a spec edited after it was resolved."""
+    validate_run(), and validate, for a spec edited after it was resolved."""
     with pytest.raises(SpecError) as by_resolve:
         resolve_spec(mini_pretrain_defaults(), None, [f"{section}.{key}=bogus"])
     spec = mini_pretrain_defaults()
     setattr(getattr(spec, section), key, "bogus")
     with pytest.raises(SpecError) as by_validate:
-        validate(spec, 1)
+        validate_run(spec, 1)
     assert str(by_resolve.value) == str(by_validate.value) == f"{section}.{key}='bogus': valid values are {valid}"
 
 
@@ -498,7 +491,7 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
     ],
 )
 def test_prepare_rejects(tmp_path, kind, words):
-    from trainperf.launch.local import prepare
+    from trainperf.runner.local import prepare
 
     workload, overrides = _prepare_case(tmp_path, kind)
     with pytest.raises(SpecError) as info:
@@ -511,7 +504,7 @@ def test_prepare_rejects(tmp_path, kind, words):
 
 def test_prepare_accepts_good_checkpoint_and_dataset(tmp_path):
     """The positive control for the checkpoint/dataset cases: the same builders, unedited, pass."""
-    from trainperf.launch.local import prepare
+    from trainperf.runner.local import prepare
 
     ck, ds = make_checkpoint(tmp_path / "ck"), make_dataset(tmp_path / "ds")
     spec, _ = prepare("mini-lora", None, [f"model.path={ck}", f"data.path={ds}", "eval.target=1.5"], 1)
@@ -825,7 +818,7 @@ def test_run_and_trace_check_the_store_before_preparing_data(tmp_path, monkeypat
     """`prepare` may build a checkpoint and datasets (mini-lora: seconds; a real one: minutes): a bad
     --db must be refused before it."""
     from trainperf import cli as trainperf_cli
-    from trainperf.launch import local
+    from trainperf.runner import local
 
     def prepare(*args, **kwargs):
         raise AssertionError("prepare ran before the store was checked")
@@ -909,13 +902,13 @@ def test_fp8_without_torchao_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     spec = resolve_spec(mini_pretrain_defaults(), None, ["hardware.fp8=rowwise"])
     with pytest.raises(SpecError, match="needs torchao"):
-        validate(spec, 1)
+        validate_run(spec, 1)
 
 
 def test_a_cpu_run_larger_than_the_hosts_memory_is_refused_before_anything_is_built(monkeypatch):
     """On CPU the floor is the weights plus the trainable ones' gradients and AdamW state: 7B LoRA in
     fp32 is 25 GiB; full training of the same model four times that."""
-    from trainperf.launch import local
+    from trainperf.runner import local
     from trainperf.workloads.mini import synthetic_lora_defaults
 
     spec = resolve_spec(synthetic_lora_defaults(), None, ["hardware.device=cpu"])

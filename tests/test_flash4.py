@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from trainperf.model.llama import LlamaForCausalLM
-from trainperf.specs import ModelSpec, RunSpec, SpecError, check_choices, validate
+from trainperf.core.spec import ModelSpec, RunSpec
+from trainperf.core.errors import SpecError
+from trainperf.core.validate import check_attention, check_choices, validate
 
 
 def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:  # GQA: each kv head serves heads / kv_heads q heads
@@ -137,12 +139,10 @@ def test_flash4_is_refused_on_cpu_and_with_context_parallel():
     spec = RunSpec(workload="x")
     spec.hardware.attention, spec.hardware.device = "flash4", "cpu"
     with pytest.raises(SpecError, match="needs CUDA GPUs.*hardware.attention=sdpa"):
-        validate(spec, 1)
-    from trainperf.specs import _validate_attention
-
+        validate(spec, 1, cuda=False)
     spec.hardware.device, spec.parallel.cp = "cuda", 2
     with pytest.raises(SpecError, match="parallel.cp=2 is not supported"):
-        _validate_attention(spec)
+        check_attention(spec, cuda=True)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -151,14 +151,12 @@ def test_flash4_is_refused_on_cpu_and_with_context_parallel():
     ("model.num_heads", 8, "this model's is 512"),
 ])
 def test_flash4_refuses_what_its_kernels_cannot_take(field, value, message):
-    from trainperf.specs import _validate_attention
-
     spec = RunSpec(workload="x")
     spec.hardware.attention, spec.hardware.device = "flash4", "cuda"
     section, key = field.split(".")
     setattr(getattr(spec, section), key, value)
     with pytest.raises(SpecError, match=message):
-        _validate_attention(spec)
+        check_attention(spec, cuda=True)
 
 
 def test_flash4_without_its_package_says_what_to_install(monkeypatch):

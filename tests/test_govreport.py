@@ -16,7 +16,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from trainperf.data import govreport as g  # noqa: E402
 from trainperf.data.tokens import TokenSplit  # noqa: E402
-from trainperf.specs import SpecError  # noqa: E402
+from trainperf.core.errors import SpecError
 
 SEQ = 32
 VOCAB = 500

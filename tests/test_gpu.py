@@ -88,7 +88,7 @@ def test_compiled_layers_draw_eagers_dropout_masks():
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.model.lora import apply_lora
     from trainperf.parallel.parallelize import apply_compile
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     torch.manual_seed(0)
     cfg = ModelSpec(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
@@ -213,7 +213,7 @@ def test_activation_offload_on_gpu_trains_like_keeping_activations_in_less_memor
     assert res["none"]["activation_offload_gib_per_step"] == 0
     # 4 layers x GBS micro-batches of 2048 tokens; the planner's compiled/eager per-token set within 25%
     from trainperf.plan.costs import activation_bytes_per_token_layer
-    from trainperf.specs import resolve_spec
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     spec = resolve_spec(get_workload("synthetic-lora").defaults(), None,

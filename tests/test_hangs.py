@@ -105,8 +105,8 @@ def test_a_metrics_address_that_cannot_be_served_is_refused_before_launch():
 
     import pytest
 
-    from trainperf.launch.local import check_metrics_endpoint
-    from trainperf.specs import SpecError
+    from trainperf.runner.local import check_metrics_endpoint
+    from trainperf.core.errors import SpecError
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -20,7 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainperf.parallel import parallelize as par
-from trainperf.specs import resolve_layout, resolve_spec
+from trainperf.core.layout import resolve_layout
+from trainperf.core.resolve import resolve_spec
 from trainperf.train.engine import Engine
 from trainperf.train.loop import build_optimizer, clip_gradients, set_lr
 from trainperf.workloads.mini import mini_lora_defaults, mini_pretrain_defaults

@@ -199,7 +199,7 @@ def test_sharded_checkpoint_load_reads_only_local_blocks(tmp_path, references):
 def test_partial_recompute_wraps_only_the_first_layers():
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.parallel.parallelize import apply_activation_checkpointing
-    from trainperf.specs import ModelSpec
+    from trainperf.core.spec import ModelSpec
 
     model = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
                                        num_kv_heads=2))

@@ -20,7 +20,10 @@ from trainperf.model.llama import LlamaForCausalLM
 from trainperf.model.lora import LoRALinear, apply_lora, fused_kernel_applies
 from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, philox4x32_rounds
 from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_lora_kernel
-from trainperf.specs import LoRASpec, ModelSpec, RunSpec, SpecError, check_choices, validate
+from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec
+from trainperf.core.errors import SpecError
+from trainperf.core.validate import check_choices, check_lora_kernel, validate
+from trainperf.runner.checks import check_kernels
 
 
 def _words(*values):
@@ -248,8 +251,6 @@ def test_bad_lora_kernel_name_names_the_valid_ones():
     (dict(rank=0), "is for LoRA runs"),
 ])
 def test_fused_lora_kernel_is_refused_where_it_cannot_run(change, message, monkeypatch):
-    from trainperf.specs import _validate_lora_kernel
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as if triton were installed
     spec = _lora_spec(lora_kernel="fused", device="cuda")
     if "device" in change or "dtype" in change:
@@ -260,13 +261,14 @@ def test_fused_lora_kernel_is_refused_where_it_cannot_run(change, message, monke
     if "rank" in change:
         spec.lora.rank = change["rank"]
     with pytest.raises(SpecError, match=message):
-        _validate_lora_kernel(spec)
+        check_lora_kernel(spec, cuda=True)
+        check_kernels(spec)  # the kernel's own tile sizes: checked on the launching machine
 
 
 def test_fused_lora_kernel_on_cpu_fails_validation_in_one_line():
     spec = _lora_spec(lora_kernel="fused", device="cpu")
     with pytest.raises(SpecError) as err:
-        validate(spec, 1)
+        validate(spec, 1, cuda=False)
     assert "\n" not in str(err.value)
 
 
@@ -275,7 +277,7 @@ def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
     inputs, not a mask and a dropped copy per adapter) plus its mask records: as many bytes as the
     forward allocates for them."""
     from trainperf.plan.costs import activation_bytes_per_token_layer
-    from trainperf.specs import resolve_spec
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads.mini import synthetic_lora_defaults
 
     spec = resolve_spec(synthetic_lora_defaults(), None, [])

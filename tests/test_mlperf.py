@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainperf.launch import local
-from trainperf.specs import SpecError, eval_interval_samples, eval_skip_count
-from trainperf.workloads import fabricate, mlperf
-from trainperf.workloads.mlperf import LORA_FIXED, PRETRAIN_FIXED, check_closed_rules
+from trainperf.runner import local
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import eval_interval_samples, eval_skip_count
+from trainperf.workloads import fabricate
+from trainperf.mlperf import recipes as mlperf
+from trainperf.mlperf.recipes import LORA_FIXED, PRETRAIN_FIXED, check_closed_rules
 
 
 def compliance(mllog: str, ruleset: str) -> subprocess.CompletedProcess:
@@ -123,7 +125,7 @@ def test_closed_8b_log_keys_pass_the_closed_checker(tmp_path):
     from mlperf_logging.mllog.mllog import MLLogger
     import logging
 
-    from trainperf.specs import resolve_layout
+    from trainperf.core.layout import resolve_layout
 
     spec = mlperf.llama31_8b_defaults()
     resolve_layout(spec, 8)
@@ -189,7 +191,7 @@ def test_closed_run_with_a_changed_fixed_value_exits_2_before_anything(tmp_path)
 # Runs
 
 def _run(tmp: Path, *overrides: str) -> dict:
-    from trainperf.launch.local import launch
+    from trainperf.runner.local import launch
 
     spec, _ = local.prepare("llama2_70b_lora", None, list(overrides), 1)
     return spec, launch(spec, str(tmp / "runs"), str(tmp / "t.db"), 1, progress=False)
@@ -241,7 +243,7 @@ def test_shrunken_run_is_open_not_comparable_and_keeps_the_closed_schedule(tmp_p
 
 def test_untimed_warmup_changes_no_state(tmp_path):
     """Same seed, with and without 2 warmup passes: identical losses step by step (dropout included)."""
-    from trainperf.launch.local import launch
+    from trainperf.runner.local import launch
 
     losses = []
     for warm in (0, 2):
@@ -273,7 +275,7 @@ def test_llama31_8b_open_run_on_converted_pretok_data(tmp_path):
                            "--out", str(tmp_path / "pretok"), "--vocab-size", "64", "--eod-id", "0",
                            "--validation-documents", "100"], capture_output=True, text=True, timeout=120)
     assert conv.returncode == 0, conv.stderr
-    from trainperf.launch.local import launch
+    from trainperf.runner.local import launch
 
     tiny = ["model.vocab_size=64", "model.hidden_size=64", "model.intermediate_size=176", "model.num_layers=2",
             "model.num_heads=4", "model.num_kv_heads=2", "model.max_position_embeddings=256", "model.rope_theta=10000"]

@@ -34,7 +34,8 @@ from trainperf.model.checkpoint import (  # noqa: E402
 )
 from trainperf.model.llama import build_on_meta, init_full_tensor  # noqa: E402
 from trainperf.model.lora import apply_lora, is_adapter_param  # noqa: E402
-from trainperf.specs import LoRASpec, ModelSpec, SpecError  # noqa: E402
+from trainperf.core.spec import LoRASpec, ModelSpec
+from trainperf.core.errors import SpecError
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, SEQ, BATCH = 128, 64, 2, 4, 2, 96, 16, 2
 ROPE_THETA, EPS, MAX_POS = 500.0, 1e-6, 64
@@ -554,7 +555,7 @@ def test_float8_full_training_swaps_the_decoder_linears_only():
 
     from trainperf.model.float8 import apply_float8
     from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.specs import ModelSpec
+    from trainperf.core.spec import ModelSpec
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -588,7 +589,7 @@ def test_compiled_layers_share_one_graph_with_fp8_and_hybrid_recompute():
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.model.lora import apply_lora
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=11,
@@ -630,7 +631,7 @@ def test_compiled_full_recompute_layers_checkpoint_around_the_compiled_forward()
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.model.lora import apply_lora
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
@@ -665,7 +666,8 @@ def test_float8_stored_base_loads_a_checkpoint_computes_like_the_dynamic_cast_an
     from test_bad_input import make_checkpoint
 
     from trainperf.parallel.parallelize import build_mesh
-    from trainperf.specs import resolve_layout, resolve_spec
+    from trainperf.core.layout import resolve_layout
+    from trainperf.core.resolve import resolve_spec
     from trainperf.train.engine import Engine
     from trainperf.workloads.mini import mini_lora_defaults
 

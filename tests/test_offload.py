@@ -13,7 +13,7 @@ from torch import nn
 
 from conftest import two_adamw_steps
 from trainperf.parallel.offload import ActivationOffloader
-from trainperf.specs import layer_memory_modes
+from trainperf.core.layout import layer_memory_modes
 
 
 def test_offloaded_layers_are_spread_among_the_recomputed_ones():
@@ -146,7 +146,8 @@ def test_a_new_forward_pass_starts_a_new_chain():
 
 def _two_steps(*overrides: str):
     from trainperf.parallel import parallelize as par
-    from trainperf.specs import resolve_layout, resolve_spec
+    from trainperf.core.layout import resolve_layout
+    from trainperf.core.resolve import resolve_spec
     from trainperf.train.engine import Engine
     from trainperf.workloads.mini import mini_lora_defaults
 
@@ -175,7 +176,7 @@ def test_offloaded_layers_train_exactly_like_kept_activations(gloo_group, compil
 
 
 def _plan_spec(*overrides: str):
-    from trainperf.specs import resolve_spec
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     spec = resolve_spec(get_workload("llama2_70b_lora").defaults(), None,
@@ -267,7 +268,7 @@ def test_plan_trades_recompute_for_offload_only_where_host_memory_allows():
 def test_host_memory_over_budget_is_refused_before_launch():
     from trainperf.plan.costs import check_memory
     from trainperf.plan.hardware import PRESETS
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
 
     spec = _plan_spec("hardware.fp8=tensorwise", "hardware.frozen_dtype=fp8", "train.recompute=full",
                       "train.recompute_layers=0", "train.offload_layers=60", "hardware.host_mem_gib=128")

@@ -12,8 +12,10 @@ from conftest import trainperf_cmd
 from trainperf.plan.costs import activation_bytes_per_token_layer, estimate
 from trainperf.plan.hardware import PRESETS, load_gpu
 from trainperf.plan.search import candidate_layouts, plan
-from trainperf.specs import ModelSpec, SpecError, resolve_spec
-from trainperf.train import metrics
+from trainperf.core.spec import ModelSpec
+from trainperf.core.resolve import resolve_spec
+from trainperf.core.errors import SpecError
+from trainperf.core import flops as metrics
 from trainperf.workloads.mini import synthetic_lora_defaults
 
 LLAMA3_8B = ModelSpec(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8)
@@ -46,7 +48,7 @@ def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, t
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.model.lora import apply_lora
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     held = []
     for layers in (2, 4):
@@ -87,7 +89,7 @@ def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, t
 def test_activation_bytes_are_what_the_layer_saves(shape, lora, mode):
     """The planner's activation bytes, tensor by tensor, against what our layer really keeps for
     backward (measured with the CPU profiler; CPU's F.dropout keeps a 2-byte mask, CUDA's a 1-byte one)."""
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     measured = _saved_bytes_per_token_layer(shape, lora, mode)
     spec = spec_for()
@@ -108,7 +110,7 @@ def test_compiled_activation_bytes_are_what_the_partitioner_keeps(shape, lora, m
     bool masks, selective without down_proj's output) -- the rule that also matches the H200 runs
     (docs/PLANNER.md), measured here on CPU with the same partitioner. Eager keeps more, so the two
     predictions must differ by what the partitioner drops."""
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     measured = _saved_bytes_per_token_layer(shape, lora, mode, compiled=True)
     spec = spec_for("train.compile=true")
@@ -164,7 +166,7 @@ def test_reproduces_the_measured_h200_layouts(name):
 
 
 def test_bf16_frozen_base_saves_two_bytes_per_frozen_parameter():
-    from trainperf.train.metrics import lora_params
+    from trainperf.core.flops import lora_params
 
     spec = spec_for("parallel.dp_shard=1")
     fp32 = estimate(spec_for("parallel.dp_shard=1", "hardware.frozen_dtype=fp32"), PRESETS["h200"], 8)
@@ -271,7 +273,7 @@ def test_eight_bit_adamw_is_what_fits_llama3_8b_pretraining_on_one_h200():
 
     from trainperf.plan.costs import (OPTIMIZER_SECONDS_PER_TENSOR, OPTIMIZER_STATE_BYTES, OPTIMIZER_STEP_BYTES,
                                       check_memory, eight_bit_optimizer_hint, estimate, trained_tensors)
-    from trainperf.workloads.mlperf import llama2_70b_lora_defaults, llama31_8b_defaults
+    from trainperf.mlperf.recipes import llama2_70b_lora_defaults, llama31_8b_defaults
 
     spec = resolve_spec(llama31_8b_defaults(), None, ["mlperf.division=open", "train.global_batch_size=4",
                                                       "train.recompute=full", "parallel.dp_shard=1"])
@@ -370,7 +372,7 @@ def test_calibration_recovers_the_elementwise_factor(tmp_path):
 
 def test_rcp_samples_follow_the_rcp_checker_including_interpolation():
     from trainperf.plan.search import rcp_samples
-    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+    from trainperf.mlperf.recipes import llama2_70b_lora_defaults
 
     spec = llama2_70b_lora_defaults()
     assert rcp_samples(spec) == pytest.approx(3178.67, abs=0.01)  # GBS 8: olympic mean of its RCP
@@ -382,8 +384,8 @@ def test_rcp_samples_follow_the_rcp_checker_including_interpolation():
 
 def test_time_to_train_counts_the_evals_on_the_way():
     from trainperf.plan.search import time_to_train
-    from trainperf.specs import resolve_layout
-    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+    from trainperf.core.layout import resolve_layout
+    from trainperf.mlperf.recipes import llama2_70b_lora_defaults
 
     spec = resolve_spec(llama2_70b_lora_defaults(), None, ["hardware.device=cuda"])
     resolve_layout(spec, 2)
@@ -432,7 +434,7 @@ def test_attention_pads_odd_head_dims_and_compile_shrinks_elementwise():
 
 def test_gbs_search_ranks_by_rcp_time_to_train():
     from trainperf.plan.search import rcp_batch_sizes
-    from trainperf.workloads.mlperf import llama2_70b_lora_defaults
+    from trainperf.mlperf.recipes import llama2_70b_lora_defaults
 
     base = llama2_70b_lora_defaults()
     assert rcp_batch_sizes(base) == [8, 16, 32, 128]
@@ -500,7 +502,7 @@ def test_out_of_sample_accuracy_does_not_regress():
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from planner_accuracy import CASES, SHAPES, spearman
-    from trainperf.specs import resolve_layout
+    from trainperf.core.layout import resolve_layout
 
     step_err, mem_err, measured_tps, predicted_tps = [], [], [], []
     for name, gpus, shape, extra in CASES:
@@ -528,7 +530,7 @@ def _grid(name: str = "grid_1b_lora_2xh200.json"):
     import re
     from pathlib import Path
 
-    from trainperf.specs import resolve_layout
+    from trainperf.core.layout import resolve_layout
     from trainperf.workloads import get_workload
 
     bench = Path(__file__).resolve().parents[1] / "bench"
@@ -587,7 +589,7 @@ def test_tune_replayed_on_the_grid_finds_its_best_cheaply():
     does not run): it must land within 3% of the grid's best for at most a quarter of the grid's trial
     time, and beat the default layout by 1.2x. The real run on 2 x H200 (docs/TUNE.md) is the claim;
     this guards the search logic and the planner's ranking against regressions."""
-    from trainperf.launch.tune import Trial, successive_halving
+    from trainperf.runner.tune import Trial, successive_halving
 
     grid, rows = _grid("grid_1b_lora_2xh200_v2.json")
     from tune_vs_grid import PROBLEM, planned  # bench/, put on the path by _grid

@@ -13,7 +13,8 @@ from conftest import trainperf_cmd
 from trainperf.cli import main
 from trainperf.plan.hardware import PRESETS
 from trainperf.plan.search import DEFAULT_MEMORY_HEADROOM, fits_within, plan
-from trainperf.specs import SpecError, resolve_spec
+from trainperf.core.errors import SpecError
+from trainperf.core.resolve import resolve_spec
 from trainperf.workloads.mini import synthetic_lora_defaults
 
 H200 = PRESETS["h200"]
@@ -139,9 +140,9 @@ def test_table_header_names_the_headroom(tmp_path, capsys):
 
 
 def test_tune_ranks_with_the_same_headroom(tmp_path, capsys, monkeypatch):
-    import trainperf.launch.tune as tune
+    import trainperf.runner.tune as tune
     import trainperf.plan.search as search
-    from trainperf.launch.tune import TuneResult
+    from trainperf.runner.tune import TuneResult
 
     seen = {}
     real_plan = search.plan

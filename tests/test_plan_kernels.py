@@ -99,7 +99,7 @@ def test_packaged_table_times_64_wide_heads_from_their_own_rows():
 
 
 def test_yaml_gpu_file_can_name_a_kernel_table(tmp_path):
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
 
     path = tmp_path / "k.json"
     path.write_text(json.dumps(TABLE))
@@ -114,11 +114,11 @@ def test_yaml_gpu_file_can_name_a_kernel_table(tmp_path):
         load_gpu(str(tmp_path / "bad.yaml"))
 
 
-# The twelve out-of-sample layouts measured back to back on 2 x H200 on 2026-11-30 (sixth session,
-# bench/data/planner_accuracy_session6_2xh200.json). No constant was fitted on them; this guards the
+# The twelve out-of-sample layouts measured back to back on 2 x H200 on 2026-11-30
+# (bench/data/h200x2_2026-11-30_planner_accuracy.json). No constant was fitted on them; this guards the
 # model from drifting away from them (docs/PLANNER.md has the per-layout table).
 MEASURED = json.loads((Path(__file__).resolve().parents[1] / "bench" / "data"
-                       / "planner_accuracy_session6_2xh200.json").read_text())
+                       / "h200x2_2026-11-30_planner_accuracy.json").read_text())
 
 
 def _errors(gpu):

@@ -38,7 +38,7 @@ from trainperf.preflight.checks import (
     parse_size,
     sweep_sizes,
 )
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def preflight_cmd(*args: str) -> list[str]:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     if "preflight" in sub.choices:
         return [sys.executable, "-m", "trainperf", "preflight", *args]
-    return [sys.executable, "-m", "trainperf.preflight.cli", *args]
+    return [sys.executable, "-m", "trainperf.cli.preflight", *args]
 
 
 def _env() -> dict:
@@ -311,7 +311,7 @@ def test_two_process_gloo_preflight_via_the_command(tmp_path, capsys):
     assert run_dir.name.startswith("preflight-") and Path(res["result_path"]) == run_dir / "preflight.json"
     assert json.loads((run_dir / "preflight.json").read_text())["checks"] == res["checks"]
     # the human table, from the same result
-    from trainperf.preflight.cli import print_result
+    from trainperf.cli.preflight import print_result
 
     print_result(res)
     table = capsys.readouterr().out
@@ -426,7 +426,7 @@ def test_bad_input_exits_2_with_one_line(bad_runs, name):
 def test_more_processes_than_gpus_is_bad_input(monkeypatch):
     import torch
 
-    from trainperf.preflight.cli import build_request
+    from trainperf.cli.preflight import build_request
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

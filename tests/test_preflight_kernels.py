@@ -12,7 +12,7 @@ import pytest
 from test_preflight import _env, preflight_cmd
 from trainperf.plan.hardware import PRESETS
 from trainperf.plan.kernels import load_table
-from trainperf.preflight import cli as pcli
+from trainperf.cli import preflight as pcli
 from trainperf.preflight.kernels import measure_kernel_table
 
 

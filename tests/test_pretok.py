@@ -12,7 +12,7 @@ import torch
 from trainperf.data import pretok
 from trainperf.data.pretok import (PackedTokenSplit, convert, detect, inspect_pretok, read_document,
                                    verify_pretok_tokens)
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 VOCAB = 1000
 EOD = 999

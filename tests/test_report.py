@@ -95,8 +95,8 @@ def test_projected_time_to_train_from_throughput_runs(tmp_path):
     import math
 
     from trainperf.report.projection import projected_scaling_rows
-    from trainperf.report.score import rcp_reference_samples
-    from trainperf.specs import resolve_spec
+    from trainperf.mlperf.score import rcp_reference_samples
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     store = Store(tmp_path / "t.db")

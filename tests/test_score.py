@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from trainperf.cli import main
-from trainperf.report import score as S
-from trainperf.specs import SpecError
+from trainperf.mlperf import score as S
+from trainperf.core.errors import SpecError
 from trainperf.store.db import Store
 
 T0 = 1_726_852_783_639  # ms

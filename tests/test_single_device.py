@@ -9,7 +9,8 @@ import torch
 
 from conftest import two_adamw_steps
 from trainperf.parallel import parallelize as par
-from trainperf.specs import resolve_layout, resolve_spec
+from trainperf.core.layout import resolve_layout
+from trainperf.core.resolve import resolve_spec
 from trainperf.train.engine import Engine
 from trainperf.workloads.mini import mini_lora_defaults
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import trainperf_cmd
-from trainperf.launch import slurm
-from trainperf.launch.sweep import expand
-from trainperf.specs import SpecError
+from trainperf.runner import slurm
+from trainperf.runner.sweep import expand
+from trainperf.core.errors import SpecError
 from trainperf.store.db import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from conftest import trainperf_cmd
-from trainperf.launch.sweep import expand
-from trainperf.specs import SpecError
+from trainperf.runner.sweep import expand
+from trainperf.core.errors import SpecError
 from trainperf.store.db import Store
 
 
@@ -44,7 +44,7 @@ def test_malformed_sweeps_are_refused(data, words):
 
 
 def test_a_typo_in_any_item_refuses_the_sweep_before_the_first_run(tmp_path):
-    from trainperf.launch.sweep import load_sweep
+    from trainperf.runner.sweep import load_sweep
 
     (tmp_path / "s.yaml").write_text("""name: t
 runs:
@@ -62,7 +62,7 @@ runs:
 
 def test_the_command_lines_set_joins_each_items_check(tmp_path):
     """An item valid only with the command line's --set passes; a typo there is refused up front."""
-    from trainperf.launch.sweep import load_sweep
+    from trainperf.runner.sweep import load_sweep
 
     (tmp_path / "s.yaml").write_text("name: t\nruns:\n  - workload: mini-pretrain\n    set:\n"
                                      "      model.num_kv_heads: [4, 8]\n")

@@ -31,14 +31,14 @@ SCRIPT = textwrap.dedent(f"""
     import trainperf.model.lora as lora_mod
     from trainperf.model.llama import LlamaForCausalLM
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_tp
-    from trainperf.specs import LoRASpec, ModelSpec
+    from trainperf.core.spec import LoRASpec, ModelSpec
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     result = {{}}
 
-    # 1. one global mask per tensor: the ranks of a TP group are seeded alike (parallelize.tp_group_seed)
+    # 1. one global mask per tensor: the ranks of a TP group are seeded alike (Layout.tp_group_seed)
     torch.manual_seed(100)
     reference = torch.empty(512, 64, dtype=torch.bool).bernoulli_(0.75)  # what one process would draw
     torch.manual_seed(100)
@@ -152,13 +152,13 @@ def test_tp_group_seed_is_shared_within_each_tp_group_and_distinct_across_groups
     one TP group must share the dropout seed, every other pair of ranks must not."""
     import torch
 
-    from trainperf.parallel.parallelize import MESH_DIMS, tp_group_seed
+    from trainperf.core.layout import MESH_DIMS, Layout
 
     sizes = {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2}
     ranks = torch.arange(16).reshape([sizes[d] for d in MESH_DIMS])
     tp_axis = MESH_DIMS.index("tp")
     groups = ranks.movedim(tp_axis, -1).reshape(-1, sizes["tp"]).tolist()  # the TP groups, whatever the order
-    seeds = [{tp_group_seed(1234, r, sizes["tp"]) for r in g} for g in groups]
+    seeds = [{Layout.from_sizes(sizes, 16).tp_group_seed(1234, r) for r in g} for g in groups]
     assert all(len(s) == 1 for s in seeds)
     assert len(set().union(*seeds)) == len(groups)
-    assert [tp_group_seed(1234, r, 1) for r in range(4)] == [1234, 1235, 1236, 1237]  # tp = 1: seed + rank
+    assert [Layout(dp_shard=4).tp_group_seed(1234, r) for r in range(4)] == [1234, 1235, 1236, 1237]  # tp = 1: seed + rank

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from trainperf.trace import analyze as A
-from trainperf.trace import cli as trace_cli
+from trainperf.cli import trace as trace_cli
 
 # ----------------------------------------------------------------------------------------------
 # interval arithmetic

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards
 from trainperf.data.tokens import TokenSplit
-from trainperf.specs import LoRASpec, ModelSpec, TrainSpec
-from trainperf.train import metrics
+from trainperf.core.spec import LoRASpec, ModelSpec, TrainSpec
+from trainperf.core import flops as metrics
 from trainperf.train.loop import clip_gradients, evaluate, lr_at
-from trainperf.train.loss import eval_loss_from_parts, per_sequence_loss, row_loss_sums, shift_targets, train_loss_sum
+from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss, row_loss_sums, shift_targets, train_loss_sum
 
 # ----------------------------------------------------------------------------------------------
 # learning-rate schedule
@@ -429,7 +429,7 @@ def test_chunked_loss_matches_full_logits_loss_and_grads():
 
 
 def test_chunked_loss_run_matches_unchunked_run(tmp_path):
-    from trainperf.launch import local
+    from trainperf.runner import local
 
     losses = []
     for chunk in (0, 100):
@@ -494,7 +494,7 @@ def test_step_clock_on_gpu_reads_events_without_a_sync_per_step():
 
 
 def test_expandable_segments_joins_the_allocator_settings_the_environment_already_has(monkeypatch):
-    from trainperf.specs import RunSpec
+    from trainperf.core.spec import RunSpec
     from trainperf.train.loop import apply_cuda_alloc_conf, cuda_alloc_conf
 
     spec = RunSpec(workload="x")
@@ -513,7 +513,7 @@ def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_l
     per 256 and a code book per tensor (the run summary's optimizer_state_gib counts them through the
     subclass); three steps move the weights as fp32 AdamW does, to within the quantisation; the rate is
     a tensor set in place."""
-    from trainperf.specs import TrainSpec
+    from trainperf.core.spec import TrainSpec
     from trainperf.train.loop import build_optimizer, optimizer_state_bytes, set_lr
 
     torch.manual_seed(0)

@@ -32,7 +32,7 @@ def test_recalibrated_planner_abandons_clearly_slower_layouts():
     above 1.25 x the best measured step is not run."""
     from types import SimpleNamespace
 
-    from trainperf.launch.tune import Trial, successive_halving
+    from trainperf.runner.tune import Trial, successive_halving
 
     def cand(i, predicted):
         return SimpleNamespace(id=f"P{i}", est=SimpleNamespace(step_time_s=predicted), set_line="")
@@ -59,7 +59,7 @@ def test_later_rounds_only_remeasure_close_contenders():
     with twice the steps; keep_within=0 is plain successive halving (the faster half goes on)."""
     from types import SimpleNamespace
 
-    from trainperf.launch.tune import Trial, successive_halving
+    from trainperf.runner.tune import Trial, successive_halving
 
     cands = [SimpleNamespace(id=f"P{i}", est=SimpleNamespace(step_time_s=1.0), set_line="") for i in range(4)]
 

@@ -22,7 +22,7 @@ means the parquet files are the originals).
 
 loss_mask convention (what ``TokenSplit.loss_mask`` means; see ``trainperf.data.tokens``):
 ``loss_mask[i, t]`` = token t of row i is a prediction target, predicted from tokens < t
-(``trainperf.train.loss.shift_targets`` shifts it; ``loss_mask[:, 0]`` is never used).
+(``trainperf.model.loss.shift_targets`` shifts it; ``loss_mask[:, 0]`` is never used).
 
 * Parquet: Hugging Face causal-LM ``labels`` are aligned with ``input_ids`` and shifted inside the
   model (``logits[:, :-1]`` vs ``labels[:, 1:]``), so ``labels[t] != -100`` means token t is a
@@ -59,15 +59,15 @@ import io
 import logging
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainperf.core.errors import SpecError
+from trainperf.core.files import atomic_write
 from trainperf.data.tokens import TokenSplit
-from trainperf.specs import SpecError
 
 SPLITS = ("train", "validation")
 PARQUET = "govreport-parquet"
@@ -167,19 +167,6 @@ def _writer_inputs(input_ids: Any, loss_mask: Any) -> tuple[np.ndarray, np.ndarr
 def _id_dtype(ids: np.ndarray) -> type:
     return np.int32 if ids.size == 0 or (int(ids.min()) >= np.iinfo(np.int32).min
                                          and int(ids.max()) <= np.iinfo(np.int32).max) else np.int64
-
-
-def _atomic_write(target: Path, write) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
 
 
 # ----------------------------------------------------------------------------- parquet
@@ -377,7 +364,7 @@ def write_govreport_parquet(dir: str | os.PathLike, split_name: str, input_ids: 
         "labels": lists(labels, pa.int64()),
         "attention_mask": lists(np.ones_like(ids, dtype=np.int8), pa.int8()),
     })
-    return _atomic_write(target, lambda tmp: pq.write_table(table, tmp))
+    return atomic_write(target, lambda tmp: pq.write_table(table, tmp))
 
 
 # ----------------------------------------------------------------------------- npy (restricted unpickling)
@@ -613,7 +600,7 @@ def write_govreport_npy(dir: str | os.PathLike, split_name: str, input_ids: Any,
         with open(tmp, "wb") as fh:
             np.save(fh, arr, allow_pickle=True)
 
-    return _atomic_write(Path(dir) / f"{split_name}.npy", write)
+    return atomic_write(Path(dir) / f"{split_name}.npy", write)
 
 
 # ----------------------------------------------------------------------------- public API

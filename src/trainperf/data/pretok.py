@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 FORMAT = "trainperf-pretok-v1"
 SPLITS = ("train", "validation")

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 SPLITS = ("train", "validation")
 

@@ -10,9 +10,6 @@ no rank ever holds more than one full tensor at a time.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +17,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from trainperf.specs import LoRASpec, ModelSpec, SpecError
+from trainperf.core.errors import SpecError
+from trainperf.core.files import atomic_write_dir
+from trainperf.core.spec import LoRASpec, ModelSpec
 
 HF_CONFIG_KEYS = {  # ModelSpec field -> Hugging Face LlamaConfig key
     "vocab_size": "vocab_size",
@@ -270,21 +269,6 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
     return nbytes
 
 
-def _atomic_dir_write(dest: Path, write_into) -> None:
-    """Write a directory's files into a temp dir beside ``dest`` and rename it in place, so a
-    crash never leaves a half-written checkpoint where a reader would find it."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        write_into(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def save_hf_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str) -> None:
     """Save a full state dict (our names = HF names) as a Hugging Face checkpoint directory."""
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
@@ -304,7 +288,7 @@ def save_hf_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str) 
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
-    _atomic_dir_write(Path(dest), write)
+    atomic_write_dir(Path(dest), write)
 
 
 def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, dest: str,
@@ -317,7 +301,7 @@ def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, de
         tensors = {peft_key(k): v.contiguous() for k, v in adapter_state.items()}
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
 
-    _atomic_dir_write(Path(dest), write)
+    atomic_write_dir(Path(dest), write)
 
 
 def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_only: bool = False) -> dict[str, torch.Tensor]:

@@ -49,7 +49,10 @@ def linear_mm_config(config):
 
 
 def _to_float8(t: torch.Tensor, cast_config, mm_config, role, axis: int, config):
-    from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim, hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_scaling_utils import (
+        get_maybe_axiswise_dim,
+        hp_tensor_to_float8_dynamic,
+    )
 
     return hp_tensor_to_float8_dynamic(t, cast_config.target_dtype, mm_config, gemm_input_role=role,
                                        scaling_granularity=cast_config.scaling_granularity,
@@ -72,7 +75,10 @@ def quantize_frozen_weight(full: torch.Tensor, config) -> tuple[torch.Tensor, to
 def _stored_float8(weight: torch.Tensor, scale: torch.Tensor, orig_dtype, mm_config):
     """A float8-stored frozen weight (gathered as bf16 by FSDP2, or float8 as stored) as torchao's
     float8 tensor: the exact re-typing back to float8, with the stored scale."""
-    from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+    from torchao.float8.float8_training_tensor import (
+        Float8TrainingTensor,
+        GemmInputRole,
+    )
 
     return Float8TrainingTensor(weight.to(FLOAT8_STORAGE), scale, orig_dtype, mm_config, GemmInputRole.WEIGHT)
 

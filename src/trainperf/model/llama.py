@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.core.spec import ModelSpec
 from trainperf.model.flash4 import causal_attention
 from trainperf.model.lora import project
-from trainperf.specs import ModelSpec
 
 
 class RMSNorm(nn.Module):
@@ -189,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             return h
         if labels is not None and loss_chunk_tokens > 0:
-            from trainperf.train.loss import chunked_loss_sum
+            from trainperf.model.loss import chunked_loss_sum
 
             return chunked_loss_sum(self.lm_head, h, labels, label_mask, loss_chunk_tokens)
         return self.lm_head(h)

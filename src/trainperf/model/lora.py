@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from trainperf.core.spec import LoRASpec
 from trainperf.model.float8 import frozen_linear
 from trainperf.model.lora_kernel import MAX_ADAPTERS, shared_input_lora_a
-from trainperf.specs import LoRASpec
 
 
 def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -25,9 +25,20 @@ from __future__ import annotations
 
 import torch
 
-from trainperf.model.lora_layout import (MAX_ADAPTERS, SEGMENT, SLOTS, WORD_BITS, column_groups,  # noqa: F401
-                                         counters_per_row, drop_threshold, elements_per_call, keep_scale,
-                                         padded_width, slots_per_element, takes_rank)
+from trainperf.model.lora_layout import (  # noqa: F401
+    MAX_ADAPTERS,
+    SEGMENT,
+    SLOTS,
+    WORD_BITS,
+    column_groups,
+    counters_per_row,
+    drop_threshold,
+    elements_per_call,
+    keep_scale,
+    padded_width,
+    slots_per_element,
+    takes_rank,
+)
 
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85

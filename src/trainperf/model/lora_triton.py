@@ -16,11 +16,17 @@ import triton.language as tl
 from triton.runtime.errors import TritonError
 
 from trainperf.model.lora_kernel import check_kernel_inputs
-from trainperf.model.lora_layout import (SLOTS, column_groups, counters_per_row, drop_threshold, keep_scale,
-                                         slots_per_element)
+from trainperf.model.lora_layout import (
+    SLOTS,
+    column_groups,
+    counters_per_row,
+    drop_threshold,
+    keep_scale,
+    slots_per_element,
+)
 
 # Block sizes and split counts from a sweep on one H200 (x 8192 x 4096, rank 16, 1 and 3 adapters;
-# bench/data/session13_h200.json, call 4): the Philox state of a (BLOCK_M, 32) tile of counters is four
+# bench/data/h200_2026-12-01_fused_lora_kernel.json, 4_block_and_split_sweep): the Philox state of a (BLOCK_M, 32) tile of counters is four
 # words per counter, so small row blocks win; the autotuner picks among the best three per kernel, and
 # the splits (launch parameters, outside the autotuner) cut the columns (forward) or rows (backward)
 # so that several programs share each SM

@@ -26,8 +26,7 @@ How: ``torch.autograd.graph.saved_tensors_hooks`` around the layer's forward.
   backward reaches that layer's output (``fetch_top_ahead``). The link bounds it all: on one H200 a
   7B-shape layer's set (1.08 GiB per 8192-token sequence) takes 20 ms each way at 55 GB/s against
   11 ms of that layer's backward, so offloading layers that would otherwise keep their activations
-  only costs time; it pays where it replaces recomputation (docs/PERFORMANCE.md, eighth and ninth
-  sessions).
+  only costs time; it pays where it replaces recomputation (docs/PERFORMANCE.md, "Activation offload").
 
 Off CUDA (the CPU tests) the same bookkeeping copies into separate host tensors with no streams."""
 
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainperf.specs import OFFLOAD_PREFETCH_DEPTH as PREFETCH_DEPTH
+from trainperf.core.layout import OFFLOAD_PREFETCH_DEPTH as PREFETCH_DEPTH
 
 # on CUDA a saved tensor smaller than this stays where it is: a copy would cost more than it frees
 # (on CPU, where offload only exercises the bookkeeping, everything is copied)

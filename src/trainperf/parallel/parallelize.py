@@ -10,8 +10,7 @@ fixed order (torchtitan's):
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
                         (skipped for one process with a bf16 LoRA base: runs_without_fsdp)
 
-Mesh dims, outermost to innermost: pp, dp_replicate, dp_shard, cp, tp -- so TP stays inside a node,
-then CP, then FSDP; replication and pipeline stages are the ones that cross node boundaries first.
+The mesh's dims and every degree, group and stage count come from ``core.layout.Layout``.
 """
 
 from __future__ import annotations
@@ -23,54 +22,21 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from trainperf.core.layout import MESH_DIMS, Layout, layer_memory_modes, stages_per_rank
+from trainperf.core.spec import ParallelSpec, RunSpec
 from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
 from trainperf.model.float8 import apply_float8
-from trainperf.specs import ParallelSpec, RunSpec, layer_memory_modes, stages_per_rank
-
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-
-
-def mesh_sizes(p: ParallelSpec) -> dict[str, int]:
-    return {"pp": p.pp, "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "cp": p.cp, "tp": p.tp}
-
-
-def tp_group_seed(seed: int, rank: int, tp: int) -> int:
-    """The seed of a rank's random streams (LoRA dropout): one per tensor-parallel group, since the
-    ranks of a group must draw the same global dropout mask (model/lora.py: lora_dropout). tp is the
-    innermost mesh dimension (MESH_DIMS), so a group is tp consecutive ranks and rank // tp numbers
-    the groups. tp = 1: seed + rank, every rank its own stream."""
-    return seed + rank // tp
 
 
 def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
     """The world as one mesh, plus flattened views: 'dp' (data loading), 'dp_shard_cp' (FSDP shards
     over data and context ranks alike: both hold the same parameters) and 'dp_cp' (loss scaling)."""
-    sizes = mesh_sizes(p)
+    sizes = Layout.of(p).sizes
     mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
     mesh[("dp_replicate", "dp_shard")]._flatten("dp")
     mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
     mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
     return mesh
-
-
-def placement(p: ParallelSpec, gpus_per_node: int) -> dict[str, str]:
-    """For each mesh dim of size > 1: whether its groups stay inside a node or cross node boundaries."""
-    out, stride = {}, 1
-    for dim in reversed(MESH_DIMS):  # innermost first: its ranks are adjacent
-        size = mesh_sizes(p)[dim]
-        if size > 1:
-            out[dim] = "intra-node" if stride * size <= gpus_per_node else "crosses nodes"
-        stride *= size
-    return out
-
-
-def layout_string(p: ParallelSpec) -> str:
-    s = f"dp_replicate={p.dp_replicate},dp_shard={p.dp_shard},tp={p.tp},cp={p.cp},pp={p.pp}"
-    if p.tp > 1 and p.sp:
-        s += ",sp"
-    if p.pp > 1:
-        s += f",pp_schedule={p.pp_schedule}"
-    return s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,8 +115,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     and the residual stream are split along the sequence between the blocks. The LM head keeps its
     output vocab-sharded for loss-parallel cross entropy (no gathering of [tokens, vocab] logits)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     Col, Row = _tp_styles()
     seq = Shard(1) if sequence_parallel else Replicate()
@@ -452,9 +423,3 @@ def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dty
     trains = [name for name, q in params if q.requires_grad]
     return bool(trains) and all(is_adapter_param(name) for name in trains) \
         and all(q.dtype in (param_dtype, FLOAT8_STORAGE) for _, q in params if not q.requires_grad)
-
-
-def loss_scale(p: ParallelSpec) -> int:
-    """FSDP/HSDP average gradients over dp_replicate x dp_shard x cp ranks; each rank's loss is its
-    share of the global sum, so it is scaled by that count to make the average a sum."""
-    return p.dp_replicate * p.dp_shard * p.cp

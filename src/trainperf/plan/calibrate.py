@@ -14,10 +14,11 @@ import dataclasses
 import json
 import statistics
 
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import RunSpec
 from trainperf.plan.costs import estimate
 from trainperf.plan.hardware import GPU, preset_for_device
 from trainperf.plan.hardware import scale_host_time as with_host_scale
-from trainperf.specs import RunSpec, SpecError
 
 
 def measured_runs(store) -> list[tuple[RunSpec, dict, float, float | None]]:

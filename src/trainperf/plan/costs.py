@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainperf.core import flops as metrics
+from trainperf.core.layout import (
+    OFFLOAD_PREFETCH_DEPTH,
+    layer_memory_modes,
+    layers_per_stage,
+    stages_per_rank,
+)
+from trainperf.core.spec import RunSpec
 from trainperf.model.lora_layout import mask_record_bytes
 from trainperf.plan.hardware import GPU
 from trainperf.plan.kernels import load_table
-from trainperf.specs import OFFLOAD_PREFETCH_DEPTH, RunSpec, layer_memory_modes, layers_per_stage, stages_per_rank
-from trainperf.train import metrics
 
 GIB = 2**30
 PINNED_HOST_SHARE = 0.5  # of a node's memory that offloaded activations may pin (train.offload_layers)
@@ -35,11 +41,11 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw8bit": 2.0 + 2 * 4.0 / 256}
 # one step's GPU time per parameter, as bytes at HBM rate: fused AdamW is memory-bound, reading param,
 # grad and both moments and writing param and moments (28 B). AdamW8bit moves 16 B but re-quantises both
 # moments by a binary search over a 256-entry code book: its kernels took 0.145 s for Llama-3-8B's
-# 8.03e9 parameters on one H200 (a trace, docs/PERFORMANCE.md tenth session), 87 B at HBM rate
+# 8.03e9 parameters on one H200 (a trace, 2026-12-01, bench/data/h200_2026-12-01_trace_8b_pretrain.json), 87 B at HBM rate
 OPTIMIZER_STEP_BYTES = {"adamw": 28.0, "adamw8bit": 87.0}
 # ... and a fixed cost per parameter tensor: torchao issues one compiled call per tensor (0.42-0.52 ms of
 # host time each, overlapping queued work) and its step returns only once the GPU's queue drains
-# (bench/optimizer_sync.py, PERFORMANCE.md eleventh session). Fitted, the cause of the rest not
+# (bench/optimizer_sync.py, 2026-12-01). Fitted, the cause of the rest not
 # established: the same runs' 0.42-0.47 s per step that does not grow with the batch (GBS 8 against 32),
 # less the 0.145 s of kernels, over 291 tensors. Fused AdamW is one multi-tensor launch, taken as free.
 OPTIMIZER_SECONDS_PER_TENSOR = {"adamw": 0.0, "adamw8bit": 1.0e-3}
@@ -526,7 +532,7 @@ def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_
 
 def check_memory(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     """SpecError when the predicted per-GPU memory exceeds the device: OOM is refused before launch."""
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
 
     est = estimate(spec, gpu, gpus_per_node)
     budget = offload_budget_bytes(spec, gpus_per_node)

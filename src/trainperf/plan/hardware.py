@@ -3,7 +3,7 @@
 Datasheet peaks are dense (no 2:4 sparsity). Bus bandwidths are nccl-tests busbw per GPU: what a
 collective actually sustains, not the link's marketing figure. Efficiencies are the fraction of peak
 the engine reaches on each kind of work; the H200 values are fitted to runs measured on 2026-11-30
-(shared/research/h200_measurements.md; docs/PERFORMANCE.md) and the other GPUs inherit them until a
+(plain timing loops on 2 x H200; docs/PERFORMANCE.md) and the other GPUs inherit them until a
 measurement says otherwise.
 """
 
@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
+from trainperf.core.hardware import DATASHEETS
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,13 @@ class GPU:
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
     # pinned host <-> device copy rate, GB/s each way (train.offload_layers): PCIe Gen5 x16 is 64 GB/s
     # on paper; 1 GiB pinned copies on 2 x H200 at once measured 55 device-to-host, 51-55 back
-    # (2026-11-30, eighth session)
+    # (2026-11-30)
     pcie_gbps: float = 50.0
     # GPUs behind one PCIe switch uplink to the host: when they copy at once each gets its share.
     # HGX/DGX H100 and H200 boards put two GPUs (and two NICs) behind each switch: 2 in those presets,
     # from the board's topology. `trainperf preflight` measures it (host link alone vs together) and
-    # the planner then uses the measured figure: on the 2 x H200 machine lent here each GPU kept its
-    # 55 GB/s with both copying at once (1, ninth session) -- a VM's pair need not share a switch
+    # the planner then uses the measured figure: on a 2 x H200 host each GPU kept its
+    # 55 GB/s with both copying at once (1; 2026-11-30) -- a VM's pair need not share a switch
     host_link_gpus: float = 1.0
     gemm_eff: float = 0.80  # H200: 790 of 989 TFLOP/s on 8192^3 bf16 (measured)
     # hardware.fp8 (torchao float8, dynamic scales): fraction of the fp8 peak the float8 GEMMs reach:
@@ -45,7 +46,7 @@ class GPU:
     # and cast as separate kernels, so more than the casts is slow there (a profile would say what).
     # Compiled: one fused read for the amax, one read and a 1-byte write for the cast (not fitted);
     # with the measured GEMM rate above it predicts the compiled 7B step at 1.84 s, measured 1.78 s
-    # (2.20 s bf16; 2026-11-30, fifth session).
+    # (2.20 s bf16; 2026-11-30).
     fp8_cast_bytes_eager: float = 56.0
     fp8_cast_bytes_compiled: float = 5.0
     attn_eff: float = 0.29  # H200: SDPA flash fwd+bwd 286 of 989 at seq 8192 (measured)
@@ -110,17 +111,23 @@ def scale_host_time(gpu: GPU, scale: float) -> GPU:
                                        if f.name.startswith("host_") and "_s_per_" in f.name})
 
 
+def _from_datasheet(key: str, **engine) -> GPU:
+    d = DATASHEETS[key]
+    return GPU(d.name, d.bf16_tflops, d.fp8_tflops, d.hbm_gib, d.hbm_tbps, d.intra_busbw_gbps, d.inter_busbw_gbps,
+               **engine)
+
+
 PRESETS: dict[str, GPU] = {
     # H200: GEMM and attention rates by shape from bench/kernel_rates.py (2026-11-30, plan/kernels.py);
     # with them what had been fitted against flat rates was refitted on the same runs: compile's
     # remaining elementwise share (7B LoRA compiled, 2.197 s), ring attention's slowdown (7B CP2) and
     # one scale on the host constants (0.94, least squares over the 1B host-bound grid)
-    "h200": scale_host_time(GPU("NVIDIA H200 SXM", 989, 1979, 139, 4.27, 277, 40, kernel_table="h200",
+    "h200": scale_host_time(_from_datasheet("h200", kernel_table="h200",
                                 kernel_table_gemm_eff=0.80, compile_other_factor=0.46, cp_attn_slowdown=2.12,
                                 pcie_gbps=52.0, host_link_gpus=2), 0.94),  # HGX topology: 2 GPUs per PCIe switch
-    "h100": GPU("NVIDIA H100 SXM", 989, 1979, 79, 3.0, 277, 40, host_link_gpus=2),  # the same HGX board
-    "a100": GPU("NVIDIA A100 SXM 80GB", 312, 0, 79, 1.7, 150, 20, pcie_gbps=25.0),  # PCIe Gen4
-    "b200": GPU("NVIDIA B200", 2250, 4500, 178, 7.0, 550, 40),
+    "h100": _from_datasheet("h100", host_link_gpus=2),  # the same HGX board
+    "a100": _from_datasheet("a100", pcie_gbps=25.0),  # PCIe Gen4
+    "b200": _from_datasheet("b200"),
 }
 
 

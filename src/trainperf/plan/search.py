@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 from dataclasses import dataclass
 
+from trainperf.core.errors import SpecError
+from trainperf.core.layout import layers_per_stage
+from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec
+from trainperf.core.validate import validate_layout
 from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
-from trainperf.specs import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, SpecError, layers_per_stage, validate_layout
 
 # `plan`'s and `tune`'s default --memory-headroom: a layout is ranked only if its predicted reserved
 # memory is at most (1 - headroom) x the GPU's. The allocated-memory prediction was measured up to
@@ -97,7 +99,7 @@ def rcp_samples(spec: RunSpec) -> float | None:
     6.0.0 rules, pruned RCPs); None for workloads without RCPs."""
     if not spec.mlperf.benchmark or not spec.mlperf.comparable:
         return None
-    from trainperf.report.score import rcp_reference_samples
+    from trainperf.mlperf.score import rcp_reference_samples
 
     found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size)
     return found[0] if found else None
@@ -108,8 +110,9 @@ def time_to_train(spec: RunSpec, est, samples: float) -> float:
     skipped ones, each over the validation rows split across the data-parallel ranks."""
     import math
 
-    from trainperf.specs import data_parallel_size, eval_interval_samples, eval_skip_count
-    from trainperf.workloads.mlperf import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
+    from trainperf.core.layout import data_parallel_size
+    from trainperf.core.spec import eval_interval_samples, eval_skip_count
+    from trainperf.mlperf.recipes import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
 
     train_s = samples / spec.train.global_batch_size * est.step_time_s
     rows = spec.data.eval_samples or {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}.get(
@@ -160,7 +163,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     for overrides in candidate_layouts(base, gpus, gpus_per_node, gbs_values):
         spec = _apply(base, overrides)
         try:
-            validate_layout(spec)
+            validate_layout(spec, cuda=True)  # layouts priced for GPUs
         except SpecError:
             continue
         est = estimate(spec, gpu, gpus_per_node)

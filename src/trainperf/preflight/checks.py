@@ -75,7 +75,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb"
 
 def parse_size(text: str) -> int:
     """'8', '64K', '1M', '4G', '512MiB' -> bytes (binary units). Raises SpecError."""
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
 
     m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:

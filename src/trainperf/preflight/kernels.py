@@ -36,7 +36,7 @@ CPU_SEQS = (64, 128)
 # the host issues the call's kernels while the GPU is still busy, so the events time the kernels
 # alone, not the host's launch cost. The planner's constants were fitted on tables measured without
 # it (the default). FlashAttention-4's Python launch path costs ~0.2 ms per forward and ~0.6 ms per
-# backward (twelfth session): without queued work its seq-2048 attention reads 90-100 TFLOP/s where
+# backward (measured 2026-12-01): without queued work its seq-2048 attention reads 90-100 TFLOP/s where
 # its kernels run 500, so its column is always derived from queued timings (flash4_in_sdpa_frame).
 QUEUE_AHEAD_CYCLES = 10_000_000
 

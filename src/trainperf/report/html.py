@@ -6,13 +6,17 @@ from __future__ import annotations
 import base64
 import html
 import io
-import statistics
 import os
+import statistics
 import time
 from collections import defaultdict
 
-from trainperf.report.projection import layout_columns, projected_scaling_rows, with_speedup
-from trainperf.report.published import LLAMA2_70B_LORA, SOURCE
+from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
+from trainperf.report.projection import (
+    layout_columns,
+    projected_scaling_rows,
+    with_speedup,
+)
 
 
 def scaling_rows(runs: list[dict]) -> list[dict]:
@@ -37,8 +41,8 @@ def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
     computed from their MLPerf logs exactly as `trainperf score` does: olympic mean in minutes (a single
     non-converged run dropped as the slowest), RCP verdict and scaling for closed-division groups, and
     whether the group is a valid MLPerf score (the benchmark's run count, at most one failure)."""
-    from trainperf.report.score import read_run, score_runs
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
+    from trainperf.mlperf.score import read_run, score_runs
 
     groups = defaultdict(list)
     for r in runs:

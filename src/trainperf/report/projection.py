@@ -41,8 +41,8 @@ def _recipe_for(spec):
     """The benchmark's own recipe (eval schedule, validation rows) at the run's GBS and layout."""
     import copy
 
+    from trainperf.mlperf.recipes import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
     from trainperf.workloads import WORKLOADS
-    from trainperf.workloads.mlperf import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
 
     w = WORKLOADS.get(spec.mlperf.benchmark)
     if w is None:
@@ -64,11 +64,12 @@ def _same_problem(spec, recipe) -> bool:
 
 def project(run: dict) -> dict | None:
     """The projection of one stored run, or None (no step time, no benchmark, no reference)."""
+    from trainperf.core.layout import data_parallel_size
+    from trainperf.core.spec import RunSpec
+    from trainperf.mlperf.score import rcp_reference_samples
     from trainperf.plan.costs import estimate
     from trainperf.plan.hardware import preset_for_device
     from trainperf.plan.search import time_to_train
-    from trainperf.report.score import rcp_reference_samples
-    from trainperf.specs import RunSpec, data_parallel_size
 
     if not run.get("step_time_s"):
         return None

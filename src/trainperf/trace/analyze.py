@@ -1,7 +1,7 @@
 """Offline analysis of the per-rank Chrome traces ``trace.capture`` writes; pure Python, no GPU.
 
 Per step (the ``ProfilerStep#k`` spans of the main thread) and per rank, on interval unions
-(HTA's definitions, see docs in shared/research/observability_anchors.md §2.2-2.3):
+(the definitions of Meta's Holistic Trace Analysis, HTA):
 
     compute   |U(COMP)|                 GPU: kernels that are not NCCL; CPU traces (gloo): the leaf
                                         CPU ops of the training threads (the CPU's "kernels")
@@ -41,11 +41,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainperf.core.layout import FLATTENED, MESH_DIMS, Layout
+
 Interval = tuple[int, int]
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-FLATTENED = {"dp_shard_cp": ("dp_shard", "cp"), "dp": ("dp_replicate", "dp_shard"),
-             "dp_cp": ("dp_replicate", "dp_shard", "cp")}
 
 # ---------------------------------------------------------------------------------------------
 # interval arithmetic (half-open [start, end), integer ns; "merged" = sorted, disjoint, non-empty)
@@ -196,41 +195,12 @@ def algo_bytes(kind: str, in_bytes: int, out_bytes: int) -> int:
 
 def resolve_mesh_sizes(parallel: dict, world: int) -> dict[str, int]:
     """{dim: size} from a spec's parallel section (dp_shard=-1 filled in from the world size)."""
-    sizes = {d: int(parallel.get(d, 1)) for d in MESH_DIMS}
-    if sizes["dp_shard"] < 0:
-        rest = sizes["pp"] * sizes["dp_replicate"] * sizes["cp"] * sizes["tp"]
-        sizes["dp_shard"] = max(world // max(rest, 1), 1)
-    return sizes
+    return Layout.from_sizes(parallel, world).sizes
 
 
 def mesh_groups(sizes: dict[str, int], rank: int) -> dict[str, tuple[int, ...]]:
-    """The ranks of ``rank``'s group along every mesh dim and flattened dim (row-major over MESH_DIMS,
-    as init_device_mesh lays the world out), plus 'world'."""
-    shape = [int(sizes.get(d, 1)) for d in MESH_DIMS]
-    world = math.prod(shape)
-    coords, r = [], rank
-    for size in reversed(shape):
-        coords.append(r % size)
-        r //= size
-    coords.reverse()
-
-    def group(dims: tuple[str, ...]) -> tuple[int, ...]:
-        idx = [MESH_DIMS.index(d) for d in dims]
-        out = []
-        for g in range(world):
-            c, x = [], g
-            for size in reversed(shape):
-                c.append(x % size)
-                x //= size
-            c.reverse()
-            if all(c[i] == coords[i] for i in range(len(shape)) if i not in idx):
-                out.append(g)
-        return tuple(out)
-
-    groups = {d: group((d,)) for d in MESH_DIMS}
-    groups.update({name: group(dims) for name, dims in FLATTENED.items()})
-    groups["world"] = tuple(range(world))
-    return groups
+    """The ranks of ``rank``'s group along every mesh dim and flattened dim, plus 'world'."""
+    return Layout.from_sizes(sizes, math.prod(int(v) for v in sizes.values())).groups(rank)
 
 
 def label_group(ranks: tuple[int, ...] | None, groups: dict[str, tuple[int, ...]]) -> str | None:

@@ -15,13 +15,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainperf.core.layout import Layout, grad_accum_steps, stages_per_rank
+from trainperf.core.spec import RunSpec
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.float8 import FLOAT8_STORAGE, store_frozen_weights_in_float8, write_float8_weight
+from trainperf.model.float8 import (
+    FLOAT8_STORAGE,
+    store_frozen_weights_in_float8,
+    write_float8_weight,
+)
 from trainperf.model.llama import build_on_meta, init_full_tensor
 from trainperf.model.lora import apply_lora, is_adapter_param
-from trainperf.parallel.parallelize import loss_scale, parallelize, split_for_pipeline
-from trainperf.specs import RunSpec, grad_accum_steps, stages_per_rank
-from trainperf.train.loss import masked_loss_sum, row_loss_sums, shift_targets
+from trainperf.model.loss import masked_loss_sum, row_loss_sums, shift_targets
+from trainperf.parallel.parallelize import parallelize, split_for_pipeline
 
 
 def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
@@ -67,7 +72,7 @@ class Engine:
         self.spec, self.mesh, self.device = spec, mesh, device
         p = spec.parallel
         self.pp = p.pp
-        self.scale = loss_scale(p)
+        self.scale = Layout.of(p).loss_scale
         self.global_tokens = 1.0
         model = build_on_meta(spec.model)
         if spec.lora.enabled:

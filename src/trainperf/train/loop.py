@@ -15,7 +15,6 @@ import os
 import platform
 import resource
 import signal
-import socket
 import statistics
 import sys
 import time
@@ -25,19 +24,31 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainperf.core import flops as metrics
+from trainperf.core.files import atomic_write_text
+from trainperf.core.layout import (
+    Layout,
+    data_parallel_size,
+    grad_accum_steps,
+    layout_string,
+)
+from trainperf.core.spec import (
+    RunSpec,
+    TrainSpec,
+    eval_interval_samples,
+    eval_skip_count,
+)
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
+from trainperf.mlperf.log import KEYS, RunLog
+from trainperf.mlperf.recipes import hyperparameter_events
 from trainperf.model import checkpoint as ckpt
-from trainperf.parallel.parallelize import build_mesh, layout_string, placement, tp_group_seed
-from trainperf.specs import (RunSpec, TrainSpec, data_parallel_size, eval_interval_samples, eval_skip_count,
-                             grad_accum_steps)
+from trainperf.parallel.distributed import init_distributed, is_collective_timeout
+from trainperf.parallel.parallelize import build_mesh
 from trainperf.trace.capture import profiler_for
-from trainperf.train import metrics
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
-from trainperf.train.mlperf_log import KEYS, RunLog
-from trainperf.workloads.mlperf import hyperparameter_events
 
 
 @dataclass
@@ -132,39 +143,6 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
     return norm
 
 
-def init_distributed(device_type: str, timeout_s: float | None = None) -> tuple[int, int, int]:
-    """Join the process group torchrun (or srun, or nobody) set up; a lone process gets a 1-rank group.
-    ``timeout_s``: how long a collective may wait before the run is declared hung."""
-    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
-        os.environ["RANK"] = os.environ["SLURM_PROCID"]
-        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
-        os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
-        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
-    lone = "RANK" not in os.environ  # nobody launched us: a 1-rank group, without touching the environment
-    if lone:
-        rank, world, local = 0, 1, 0
-    else:
-        rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    if not dist.is_initialized():
-        kwargs = {}
-        if timeout_s:
-            from datetime import timedelta
-
-            kwargs["timeout"] = timedelta(seconds=timeout_s)
-        if lone:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-        if device_type == "cuda":
-            torch.cuda.set_device(local)
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local), **kwargs)
-        else:
-            dist.init_process_group("gloo", **kwargs)
-    return rank, world, local
-
-
 def predict(spec: RunSpec, hw: dict) -> dict:
     """What the planner predicts for this run on this GPU (nothing on CPUs or unknown GPUs): kept
     with the run so `report` can show predicted against measured."""
@@ -236,7 +214,13 @@ class _Progress:
     def __init__(self, enabled: bool, total: int, desc: str):
         self.bar = None
         if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
@@ -262,14 +246,13 @@ class _Progress:
 def train(spec: RunSpec, ctx: RunContext) -> dict:
     """Run one training job on this rank. Returns the run summary (identical on every rank)."""
     device_type = pick_device(spec)
-    enable_flight_recorder(ctx.out_dir)
-    rank, world, local = init_distributed(device_type, spec.train.collective_timeout_s)
+    rank, world, local = init_distributed(device_type, spec.train.collective_timeout_s, ctx.out_dir / "flight_recorder")
     device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
     is_main = rank == 0
     if device_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # dropout streams, one per tensor-parallel group (tp_group_seed); parameters are seeded by name
-    torch.manual_seed(tp_group_seed(spec.train.seed, rank, spec.parallel.tp))
+    torch.manual_seed(Layout.of(spec.parallel).tp_group_seed(spec.train.seed, rank))
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(ctx.out_dir / "mllog.txt" if is_main else None, ctx.run_id)
@@ -531,7 +514,7 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "activation_offload_kept_gib_per_step":
             (engine.offloaded_bytes(kept_subclasses=True) - kept_before) / max(step, 1) / 2**30,
         "layout": layout_string(p),
-        "placement": placement(p, int(os.environ.get("LOCAL_WORLD_SIZE", world))),
+        "placement": Layout.of(p).placement(int(os.environ.get("LOCAL_WORLD_SIZE", world))),
         "world_size": world,
         "hardware": hw,
         "division": spec.mlperf.division,
@@ -542,25 +525,6 @@ def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress
         "out_dir": str(ctx.out_dir),
         "seed": t.seed,
     }
-
-
-def enable_flight_recorder(run_dir: Path) -> None:
-    """PyTorch's Flight Recorder: keep the last collectives of every rank in a ring buffer and dump it
-    into RUN_DIR/flight_recorder/ when a collective times out (read it with
-    ``python -m torch.distributed.flight_recorder.fr_trace``). Must be set before the group exists."""
-    dump_dir = run_dir / "flight_recorder"
-    dump_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_dir / "rank_")
-
-
-def is_collective_timeout(exc: BaseException) -> bool:
-    """gloo raises on a timed-out collective; the NCCL watchdog aborts the process instead (the
-    launcher then finds the flight-recorder dump)."""
-    text = f"{type(exc).__name__} {exc}".lower()
-    return isinstance(exc, (RuntimeError, dist.DistBackendError)) and ("timed out" in text or "timeout" in text)
 
 
 def _test_stall(rank: int, step: int) -> None:
@@ -575,9 +539,7 @@ def _test_stall(rank: int, step: int) -> None:
 
 def write_progress(out_dir: Path, step: int) -> None:
     """RUN_DIR/progress.json: the last completed step, for the launcher when every rank was killed."""
-    tmp = out_dir / ".progress.json.tmp"
-    tmp.write_text(json.dumps({"step": step, "time": time.time()}))
-    os.replace(tmp, out_dir / "progress.json")
+    atomic_write_text(out_dir / "progress.json", json.dumps({"step": step, "time": time.time()}))
 
 
 def untimed_warmup(engine: Engine, spec: RunSpec, steps: int) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from trainperf.specs import RunSpec, SpecError
-from trainperf.workloads import mini, mlperf
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import RunSpec
+from trainperf.mlperf import recipes as mlperf
+from trainperf.workloads import mini
 
 
 @dataclass(frozen=True)

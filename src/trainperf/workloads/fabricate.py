@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainperf.specs import ModelSpec
+from trainperf.core.spec import ModelSpec
 
 VOCAB = 8
 SUCCESSOR_STEPS = (1, 3)  # token x is followed by x+1 or x+3 (mod VOCAB), each with probability 1/2

@@ -26,10 +26,19 @@ from pathlib import Path
 
 import torch
 
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import (
+    DataSpec,
+    EvalSpec,
+    LoRASpec,
+    MLPerfSpec,
+    ModelSpec,
+    ParallelSpec,
+    RunSpec,
+    TrainSpec,
+)
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
 from trainperf.data.tokens import TokenSplit, save_split
-from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec, SpecError,
-                             TrainSpec)
 
 VOCAB, BRANCHING, SOURCE_SEED = 64, 3, 1
 SEQ = 64
@@ -121,7 +130,7 @@ def _eval_loss_of_checkpoint(path: Path, val: TokenSplit) -> float:
     """Eval loss (the training definition) of a checkpoint on a split: shows the base misses the target."""
     from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into
     from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.train.loss import eval_loss_from_parts, per_sequence_loss
+    from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss
 
     model = LlamaForCausalLM(mini_model())
     load_checkpoint_into(model, inspect_checkpoint(str(path)))
@@ -134,7 +143,7 @@ def base_checkpoint() -> tuple[Path, dict]:
     """The mini-lora base: the mini decoder pretrained on source A. Produced once, cached."""
     from trainperf.model.checkpoint import save_hf_checkpoint
     from trainperf.model.llama import LlamaForCausalLM, init_full_tensor
-    from trainperf.train.loss import train_loss_sum
+    from trainperf.model.loss import train_loss_sum
 
     cfg = mini_model()
     key = _key(kind="base", steps=BASE_STEPS, batch=BASE_BATCH, lr=BASE_LR, cfg=cfg.__dict__)

@@ -62,7 +62,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 IN_FLIGHT = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
              "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}

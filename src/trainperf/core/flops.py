@@ -15,27 +15,7 @@ MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100/H200 SXM:
 
 from __future__ import annotations
 
-from trainperf.specs import LoRASpec, ModelSpec
-
-# Dense bf16 peak per GPU, FLOP/s (vendor datasheets, no sparsity).
-PEAK_BF16_FLOPS = {
-    "h200": 989e12,
-    "h100": 989e12,  # SXM; the PCIe part is 756e12, NVL 835e12
-    "h100 pcie": 756e12,
-    "h100 nvl": 835e12,
-    "a100": 312e12,
-    "b200": 2250e12,
-    "gb200": 2500e12,
-}
-
-
-def peak_flops_for(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s from a device name such as 'NVIDIA H200' (None when unknown)."""
-    n = device_name.lower()
-    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
-        if all(part in n for part in key.split()):
-            return PEAK_BF16_FLOPS[key]
-    return None
+from trainperf.core.spec import LoRASpec, ModelSpec
 
 
 def linear_params(m: ModelSpec) -> dict[str, int]:

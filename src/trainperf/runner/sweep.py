@@ -34,7 +34,8 @@ import json
 import sys
 import tempfile
 
-from trainperf.specs import SpecError, load_config_file
+from trainperf.core.errors import SpecError
+from trainperf.core.resolve import load_config_file
 
 
 def _as_list(v) -> list:
@@ -54,7 +55,7 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
         raise SpecError(f"{where}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
     slurm_cfg = None
     if backend == "slurm":
-        from trainperf.launch.slurm import parse_config
+        from trainperf.runner.slurm import parse_config
 
         slurm_cfg = parse_config(data.get("slurm"), where)
     elif data.get("slurm") is not None:
@@ -113,7 +114,7 @@ def _item_label(item: dict) -> str:
 
 
 def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
-    from trainperf.specs import resolve_spec
+    from trainperf.core.resolve import resolve_spec
     from trainperf.workloads import get_workload
 
     try:
@@ -126,10 +127,12 @@ def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
 def layout_problem(item: dict, extra_sets: list[str] = ()) -> str | None:
     """Why the item's layout cannot run on its process count (a grid may span combinations that do not
     divide: those are recorded as failed at once, the rest run), or None."""
-    from trainperf.specs import validate
+    from trainperf.runner.checks import (
+        validate_run,  # torch: only once items are checked, not for `sweep status`
+    )
 
     try:
-        validate(_item_spec(item, "sweep", extra_sets), item["nproc"])
+        validate_run(_item_spec(item, "sweep", extra_sets), item["nproc"])
     except SpecError as exc:
         return str(exc)
     return None
@@ -147,7 +150,7 @@ def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
     """Run (local) or submit (slurm) every unfinished item with the file's backend; counts by status.
     wait (slurm only): block until the submitted jobs end (None: the file's slurm.wait)."""
     if items and items[0].get("backend") == "slurm":
-        from trainperf.launch import slurm
+        from trainperf.runner import slurm
 
         slurm.run_slurm(store, sweep_id, items, db, out, extra_sets, items[0]["slurm"], echo=echo, wait=wait)
         return status_counts(store, sweep_id, refresh=False)
@@ -166,7 +169,7 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
 
     Each item is claimed in the store before it runs, so two sweeps started on one file (or two files
     that share a name) never run an item twice; an item another live process holds is skipped."""
-    from trainperf.launch.local import Interrupted, run_passing_signals
+    from trainperf.parallel.launcher import Interrupted, run_passing_signals
 
     store.add_sweep_items(sweep_id, items)
     problems = {item["item_id"]: layout_problem(item, extra_sets) for item in items}
@@ -222,7 +225,7 @@ def status_counts(store, sweep_id: str | None = None, refresh: bool = True) -> d
     """{sweep: {pending, running, success, failed}}; first asks Slurm about items whose job is in
     flight (if Slurm is installed here), so finished jobs are counted as finished."""
     if refresh and store.writable:  # a read-only store is shown as it is
-        from trainperf.launch import slurm
+        from trainperf.runner import slurm
 
         slurm.refresh(store, sweep_id)
     counts: dict = {}

@@ -65,7 +65,7 @@ def trace_overrides(args) -> list[str]:
 
 
 def loop_has_hook() -> bool:
-    from trainperf.specs import TrainSpec
+    from trainperf.core.spec import TrainSpec
 
     return "profile_steps" in {f.name for f in dataclasses.fields(TrainSpec)}
 
@@ -84,8 +84,8 @@ def run(args) -> int:
                           "and --nproc-per-node >= 1", args.json)
     if not loop_has_hook():
         return _bad_input("this trainperf's training loop has no profiler hook yet (train.profile_steps)", args.json)
-    from trainperf.launch import local
-    from trainperf.specs import SpecError
+    from trainperf.core.errors import SpecError
+    from trainperf.runner import local
 
     db = args.db or str(Path(args.out) / "trace.db")
     from trainperf.store.db import StoreError, check_store_path

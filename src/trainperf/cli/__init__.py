@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_DB = "trainperf.db"
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--take-over", action="store_true",
                    help="also run items another sweep process claimed (when that process is gone but cannot be asked: "
                         "another host, or its pid reused)")
-    from trainperf.launch.slurm import add_slurm_args
+    from trainperf.runner.slurm import add_slurm_args
 
     add_slurm_args(p)  # --wait (default None: the sweep file's slurm.wait applies)
     _common(p)
@@ -131,10 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
     _common(p)
 
-    from trainperf.preflight import cli as preflight_cli
+    from trainperf.cli import preflight as preflight_cli
 
     preflight_cli.add_arguments(sub.add_parser("preflight", help=preflight_cli.HELP, description=preflight_cli.DESCRIPTION))
-    from trainperf.trace import cli as trace_cli
+    from trainperf.cli import trace as trace_cli
 
     trace_cli.add_arguments(sub.add_parser("trace", help=trace_cli.HELP, description=trace_cli.DESCRIPTION))
     p = sub.add_parser("data", help="dataset tools: `data convert` token files -> the packed pretraining format",
@@ -186,10 +186,11 @@ def _headroom(args) -> float:
 
 
 def cmd_plan(args) -> int:
+    from trainperf.core.layout import layers_per_stage
+    from trainperf.core.resolve import resolve_spec
     from trainperf.plan.costs import eight_bit_optimizer_hint
     from trainperf.plan.hardware import load_gpu
     from trainperf.plan.search import explain, plan
-    from trainperf.specs import layers_per_stage, resolve_spec
     from trainperf.workloads import get_workload
 
     try:
@@ -350,10 +351,10 @@ def _calibrate(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from trainperf.launch.tune import successive_halving
+    from trainperf.core.resolve import resolve_spec
     from trainperf.plan.hardware import load_gpu
     from trainperf.plan.search import plan
-    from trainperf.specs import resolve_spec
+    from trainperf.runner.tune import successive_halving
     from trainperf.workloads import get_workload
 
     try:
@@ -372,7 +373,7 @@ def cmd_tune(args) -> int:
                 raise SpecError(f"--gpus {args.gpus}: tune measures its trials on this machine's GPUs and {visible} "
                                 f"{'is' if visible == 1 else 'are'} visible; give --gpus <= {visible}")
         elif base.hardware.device != "cuda" and base.hardware.memory_check:  # trials on the CPU
-            from trainperf.launch.local import check_host_memory
+            from trainperf.runner.local import check_host_memory
 
             check_host_memory(base)
         fits, _ = plan(base, load_gpu(args.gpu), args.gpus, args.gpus, objective="throughput", headroom=headroom)
@@ -399,8 +400,8 @@ def cmd_tune(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from trainperf.launch import sweep
-    from trainperf.launch.local import Interrupted
+    from trainperf.runner import sweep
+    from trainperf.parallel.launcher import Interrupted
     from trainperf.store.db import Store, StoreError, require_existing_store
 
     try:
@@ -409,7 +410,7 @@ def cmd_sweep(args) -> int:
             store = Store(args.db, read_only_ok=True)
             counts = sweep.status_counts(store)
             if not args.json:
-                from trainperf.launch.slurm import status_lines
+                from trainperf.runner.slurm import status_lines
 
                 for line in status_lines(store):
                     print(line)
@@ -518,7 +519,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_run(args, workload: str | None = None) -> int:
-    from trainperf.launch import local
+    from trainperf.runner import local
 
     workload = workload or args.workload
     t0 = time.perf_counter()
@@ -587,7 +588,12 @@ def _apply_plan(args, workload: str) -> None:
 
 
 def cmd_score(args) -> int:
-    from trainperf.report.score import export_package, gather_runs, print_score, score_runs
+    from trainperf.mlperf.score import (
+        export_package,
+        gather_runs,
+        print_score,
+        score_runs,
+    )
 
     try:
         runs = gather_runs(args.inputs, db=args.db, workload=args.workload, last=args.last, ruleset=args.ruleset)
@@ -617,13 +623,13 @@ def cmd_demo(args) -> int:
 
 
 def _preflight(args) -> int:
-    from trainperf.preflight import cli as preflight_cli
+    from trainperf.cli import preflight as preflight_cli
 
     return preflight_cli.run(args)
 
 
 def _trace(args) -> int:
-    from trainperf.trace import cli as trace_cli
+    from trainperf.cli import trace as trace_cli
 
     return trace_cli.run(args)
 

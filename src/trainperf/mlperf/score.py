@@ -18,7 +18,7 @@ installed ``mlperf_logging`` package, which is the source of truth:
   training RULESET`` accepts; :func:`check_package` runs the same checks in-process.
 
 Bad input (unknown run id, unreadable log, mixed benchmarks / GBS / divisions, unsupported ruleset)
-raises :class:`trainperf.specs.SpecError` with a one-line message.
+raises :class:`trainperf.core.spec.SpecError` with a one-line message.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainperf.specs import SpecError
+from trainperf.core.errors import SpecError
 
 USAGE = "training"
 DEFAULT_RULESET = "6.0.0"
@@ -111,7 +111,6 @@ class RunResult:
 
 def _check_ruleset(ruleset: str) -> None:
     from mlperf_logging.compliance_checker.mlp_compliance import rule_choices
-
     from mlperf_logging.rcp_checker import rcp_checker
 
     if ruleset not in rule_choices() or not os.path.isdir(os.path.join(os.path.dirname(rcp_checker.__file__),

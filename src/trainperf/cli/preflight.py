@@ -1,7 +1,7 @@
 """``trainperf preflight``: is every GPU and link as fast as its datasheet?
 
 Mounted in ``trainperf.cli`` with ``add_arguments(parser)`` and ``run(args) -> int``; also runnable
-alone as ``python -m trainperf.preflight.cli ...``. Exit codes: 0 no check failed, 1 a check failed
+alone as ``python -m trainperf.cli.preflight ...``. Exit codes: 0 no check failed, 1 a check failed
 (or the workers did), 2 bad input (one-line error).
 """
 
@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainperf.launch.local import _run_torchrun
+from trainperf.core.errors import SpecError
+from trainperf.parallel.launcher import run_torchrun, torchrun_command
 from trainperf.preflight import checks
-from trainperf.specs import SpecError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 HELP = "is every GPU and link as fast as its datasheet? (GEMM, HBM, collectives, every pair)"
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- request ------------------------------------------------------------------------------------
 
 def _external() -> bool:
-    """This process is one rank of a job torchrun/srun started (as ``trainperf.launch.local`` decides)."""
+    """This process is one rank of a job torchrun/srun started (as ``trainperf.runner.local`` decides)."""
     if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
@@ -137,11 +137,10 @@ def _launch(req: dict, nproc: int, run_dir: Path) -> dict:
     env = dict(os.environ)
     if req["device"] == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "trainperf.preflight.worker", str(run_dir)]
+    cmd = torchrun_command(nproc, "trainperf.preflight.worker", str(run_dir))
     log = run_dir / "workers.log"
     with open(log, "w") as fh:
-        rc = _run_torchrun(cmd, env, stdout=fh)
+        rc = run_torchrun(cmd, env, stdout=fh)
     raw_file = run_dir / "raw.json"
     if rc != 0 or not raw_file.is_file():
         tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:] or ["(no output)"]

@@ -1,8 +1,8 @@
 """Published MLPerf Training llama2_70b_lora results (time to train, minutes; olympic mean of 10 runs),
-from the MLCommons results repositories as collected in shared/research/mlperf_spec.md section 3
+from the MLCommons results repositories
 (github.com/mlcommons/training_results_v4.0 ... v5.1, results/*/llama2_70b_lora/result_*.txt)."""
 
-SOURCE = "MLCommons training_results_v4.0-v5.1, llama2_70b_lora (shared/research/mlperf_spec.md section 3)"
+SOURCE = "MLCommons training_results_v4.0-v5.1, llama2_70b_lora (github.com/mlcommons/training_results_v4.x/v5.x, results/*/llama2_70b_lora/result_*.txt)"
 
 # (round, org, system, accelerator, GPUs, GBS, minutes)
 LLAMA2_70B_LORA = [

@@ -2,7 +2,7 @@
 Llama-2-70B, fused-QKV LoRA on GovReport) and ``llama31_8b`` (pretraining from scratch on C4).
 
 Each benchmark is three things here:
-  * its reference recipe as the workload's defaults (shared/research/mlperf_spec.md, sections 1 and 2),
+  * its reference recipe as the workload's defaults (MLPerf Training rules and the mlcommons/training reference implementation),
   * the closed-division rules -- which values are fixed and which are tunable -- checked before launch
     (``check_closed_rules``); a run that breaks one must say ``mlperf.division=open``,
   * the hyperparameters its MLPerf log must carry (``hyperparameter_events``), which the
@@ -15,8 +15,18 @@ from __future__ import annotations
 
 import math
 
-from trainperf.specs import (DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec,
-                             SpecError, TrainSpec, grad_accum_steps)
+from trainperf.core.errors import SpecError
+from trainperf.core.layout import grad_accum_steps
+from trainperf.core.spec import (
+    DataSpec,
+    EvalSpec,
+    LoRASpec,
+    MLPerfSpec,
+    ModelSpec,
+    ParallelSpec,
+    RunSpec,
+    TrainSpec,
+)
 
 # ---------------------------------------------------------------------------------------------
 # llama2_70b_lora

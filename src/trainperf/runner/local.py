@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from trainperf.model import checkpoint as ckpt
+from trainperf.core.errors import SpecError
+from trainperf.core.layout import layout_string
+from trainperf.core.resolve import resolve_spec
+from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
-from trainperf.parallel.parallelize import layout_string
-from trainperf.specs import RunSpec, SpecError, resolve_spec, set_value, validate
+from trainperf.mlperf.recipes import check_closed_rules, mark_open_if_shrunk
+from trainperf.model import checkpoint as ckpt
+from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
+from trainperf.runner.checks import cuda_available, validate_run
 from trainperf.workloads import get_workload
-from trainperf.workloads.mlperf import check_closed_rules, mark_open_if_shrunk
 
 
 def external_launcher() -> str | None:
@@ -50,7 +52,7 @@ def _apply_checkpoint_config(spec: RunSpec, world_size: int, asked: dict | None 
         except SpecError as exc:
             raise SpecError(f"{where}: {exc}") from None
     try:
-        validate(spec, world_size)
+        validate_run(spec, world_size)
     except SpecError as exc:
         msg = str(exc)
         for ours, theirs in ckpt.HF_CONFIG_KEYS.items():  # name the key as config.json spells it
@@ -73,7 +75,7 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
         if world_size > torch.cuda.device_count() and external_launcher() is None:
             raise SpecError(f"--nproc-per-node {world_size} exceeds the {torch.cuda.device_count()} visible GPUs")
     check_closed_rules(spec, architecture=False)  # a fixed hyperparameter changed in closed: say so first
-    validate(spec, world_size, before_checkpoint=True)
+    validate_run(spec, world_size, before_checkpoint=True)
     if spec.model.path:  # user-given checkpoint: check it before the workload builds anything
         _apply_checkpoint_config(spec, world_size, asked)
     info = wl.prepare(spec)
@@ -142,7 +144,7 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
     from trainperf.plan.costs import check_memory
     from trainperf.plan.hardware import preset_for_device
 
-    if spec.hardware.device == "cpu" or not _cuda_available():
+    if spec.hardware.device == "cpu" or not cuda_available():
         check_host_memory(spec)
         return
     found = visible_gpu()
@@ -155,7 +157,7 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
 def host_memory_floor_gib(spec: RunSpec) -> float:
     """What a CPU run holds at least, whatever its layout (all its processes share this machine): the
     weights, and the trainable ones' gradients and optimizer state. Activations come on top."""
-    from trainperf.train.metrics import lora_params, total_params
+    from trainperf.core.flops import lora_params, total_params
 
     total = total_params(spec.model)
     trainable = lora_params(spec.model, spec.lora) if spec.lora.enabled else total
@@ -201,7 +203,12 @@ def git_sha() -> str | None:
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     from trainperf.store.db import Store
-    from trainperf.train.loop import RunContext, RunInterrupted, apply_cuda_alloc_conf, train
+    from trainperf.train.loop import (
+        RunContext,
+        RunInterrupted,
+        apply_cuda_alloc_conf,
+        train,
+    )
 
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
@@ -226,11 +233,10 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             (run_dir / "launch.json").write_text(json.dumps(
                 {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress}))
             env = dict(os.environ)
-            if spec.hardware.device == "cpu" or not _cuda_available():
+            if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-                   "-m", "trainperf.train.loop", str(run_dir)]
-            returncode = _run_torchrun(cmd, env)
+            cmd = torchrun_command(nproc_per_node, "trainperf.train.loop", str(run_dir))
+            returncode = run_torchrun(cmd, env)
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
@@ -263,48 +269,17 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
         store.mark_failed_if_running(run_id, f"{reason} (last completed step {last})")
 
 
-class Interrupted(RuntimeError):
-    pass
-
-
-def _raise_interrupted(signum, frame):
-    raise Interrupted(f"received {signal.Signals(signum).name}")
-
-
-def _run_torchrun(cmd: list[str], env: dict, stdout=None) -> int:
-    """Run torchrun (its output to ``stdout`` if given); on SIGTERM/SIGINT pass the signal on (torchrun
-    forwards it to every rank, whose handler records the failure), wait for the ranks, then re-raise."""
-    return run_passing_signals(cmd, env, stdout, subprocess.STDOUT if stdout else None)
-
-
-def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, stderr=None) -> int:
-    """Run ``cmd`` to its end; a SIGTERM/SIGINT to us goes on to it as SIGTERM (so it records its own
-    end), and once it has exited (60 s at most, then killed) is raised here as Interrupted."""
-    proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr)
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return proc.wait()
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
     import torch.distributed as dist
 
-    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, init_distributed, pick_device, train
+    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, pick_device, train
+    from trainperf.parallel.distributed import init_distributed
 
     apply_cuda_alloc_conf(spec)
-    init_distributed(pick_device(spec))
+    # the timeout must be in place before the group exists: a group's timeout cannot change later, and
+    # train() finds this group already made
+    init_distributed(pick_device(spec), spec.train.collective_timeout_s)
     box = [new_run_id(spec.workload), spec.train.seed] if dist.get_rank() == 0 else [None, None]
     dist.broadcast_object_list(box, src=0)
     run_id, spec.train.seed = box
@@ -319,9 +294,3 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
         return summary
     finally:
         dist.destroy_process_group()
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -1,0 +1,71 @@
+"""Resolution of a run's spec, later layers winning:
+  1. the workload's defaults (``trainperf.workloads``),
+  2. an optional ``--config FILE`` (YAML or TOML, same ``section: {key: value}`` shape),
+  3. repeated ``--set section.key=value`` overrides.
+The named choices and value ranges are checked at once (``plan`` and ``tune`` price a spec without
+the world size); the rest of validation is ``core.validate.validate``, before any process starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import yaml
+
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import SECTIONS, RunSpec, apply_section, set_value
+from trainperf.core.validate import check_choices, check_values
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise SpecError(f"--set {text!r}: expected section.key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"config file {path!r} does not exist")
+    try:
+        text = p.read_text()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise SpecError(f"config file {path!r} could not be read as text ({exc.__class__.__name__})") from None
+    try:
+        if p.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise SpecError(f"config file {path!r}: expected a .yaml, .yml or .toml file")
+    except SpecError:
+        raise
+    except Exception as exc:  # parser errors come in many classes
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(f"config file {path!r} could not be parsed: {first}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"config file {path!r}: top level must be a mapping of sections")
+    return data
+
+
+def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -> RunSpec:
+    """Layer a config file and --set overrides over a workload's defaults."""
+    spec = RunSpec.from_dict(base.to_dict())  # deep copy
+    if config_file:
+        for section, values in load_config_file(config_file).items():
+            if section == "workload":
+                continue
+            if section not in SECTIONS:
+                raise SpecError(f"config file {config_file!r}: unknown section {section!r}; valid: {', '.join(SECTIONS)}")
+            apply_section(spec, section, values, source=f"config file {config_file!r}")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_value(spec, key, value)
+    check_choices(spec)  # plan and tune price the spec without validate(): a misspelt name fails here
+    check_values(spec)  # and a value out of its range
+    return spec
+
+

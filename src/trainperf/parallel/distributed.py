@@ -1,0 +1,77 @@
+"""Joining the process group: the one way every trainperf process does it (``run`` under its own
+torchrun, under an external torchrun or srun, ``preflight`` and ``trace`` workers, benches).
+
+What must be in place before the group exists is applied here, in this order: srun's variables
+translated to torchrun's, PyTorch's Flight Recorder switched on (its buffer is sized when the group is
+made), and the collective timeout handed to ``init_process_group`` (a group's timeout cannot change
+afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def adopt_srun_environment() -> None:
+    """srun starts ranks with SLURM_* variables only: give them torchrun's names."""
+    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def enable_flight_recorder(dump_dir: Path) -> None:
+    """PyTorch's Flight Recorder: keep the last collectives of every rank in a ring buffer and dump it
+    into ``dump_dir`` (RUN_DIR/flight_recorder/) when a collective times out (read it with
+    ``python -m torch.distributed.flight_recorder.fr_trace``). Must be set before the group exists."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_dir / "rank_")
+
+
+def init_distributed(device_type: str, timeout_s: float | None = None,
+                     flight_recorder_dir: Path | None = None) -> tuple[int, int, int]:
+    """Join the process group torchrun (or srun, or nobody) set up; a lone process gets a 1-rank group.
+    ``timeout_s``: how long a collective may wait before the run is declared hung;
+    ``flight_recorder_dir``: where a timed-out collective's Flight Recorder dump goes.
+    Returns (rank, world size, local rank). A group that already exists is kept as it is."""
+    adopt_srun_environment()
+    if flight_recorder_dir is not None:
+        enable_flight_recorder(flight_recorder_dir)
+    lone = "RANK" not in os.environ  # nobody launched us: a 1-rank group, without touching the environment
+    if lone:
+        rank, world, local = 0, 1, 0
+    else:
+        rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if not dist.is_initialized():
+        kwargs = {}
+        if timeout_s:
+            kwargs["timeout"] = timedelta(seconds=timeout_s)
+        if lone:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            kwargs.update(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        if device_type == "cuda":
+            torch.cuda.set_device(local)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local), **kwargs)
+        else:
+            dist.init_process_group("gloo", **kwargs)
+    return rank, world, local
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """gloo raises on a timed-out collective; the NCCL watchdog aborts the process instead (the
+    launcher then finds the flight-recorder dump)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, (RuntimeError, dist.DistBackendError)) and ("timed out" in text or "timeout" in text)
