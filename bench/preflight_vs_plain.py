@@ -24,7 +24,7 @@ LIMIT = 0.97
 # measured by hand on 2 x H200 (NVLink), torch 2.11 + CUDA 13, plain synchronize + perf_counter loops
 REFERENCE = {"gemm bf16 TFLOP/s": "781-796", "gemm fp8 TFLOP/s": "1455", "hbm copy TB/s": "4.27",
              "all_reduce busbw 1 GiB": "327", "all_gather busbw 1 GiB": "277", "reduce_scatter busbw 1 GiB": "277",
-             "all_to_all busbw 4 GiB": "337 (observability_anchors.md 3.4)", "sendrecv busbw 4 GiB": "365 (ditto)"}
+             "all_to_all busbw 4 GiB": "337", "sendrecv busbw 4 GiB": "365"}
 
 
 def preflight_cmd() -> list[str]:
