@@ -12,8 +12,6 @@ parquet and NVIDIA npy files (``data.govreport``) and packed pre-tokenized pretr
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainperf.core.errors import SpecError
+from trainperf.core.files import atomic_write
 
 SPLITS = ("train", "validation")
 
@@ -42,16 +41,8 @@ class TokenSplit:
 
 
 def save_split(split: TokenSplit, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({"input_ids": split.input_ids.to(torch.int32).contiguous(),
-                   "loss_mask": split.loss_mask.to(torch.uint8).contiguous()}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: save_file({"input_ids": split.input_ids.to(torch.int32).contiguous(),
+                                              "loss_mask": split.loss_mask.to(torch.uint8).contiguous()}, str(tmp)))
 
 
 INTEGER_DTYPES = ("U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")  # safetensors' names

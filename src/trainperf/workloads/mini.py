@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from trainperf.core.errors import SpecError
+from trainperf.core.files import atomic_write_dir
 from trainperf.core.spec import (
     DataSpec,
     EvalSpec,
@@ -83,12 +84,12 @@ def source_b() -> MarkovSource:
 
 
 def _write_dataset(dest: Path, train: TokenSplit, val: TokenSplit, info: dict) -> None:
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_split(train, tmp / "train.safetensors")
-    save_split(val, tmp / "validation.safetensors")
-    (tmp / "source.json").write_text(json.dumps(info, indent=2))
-    os.replace(tmp, dest)
+    def write_into(tmp: Path) -> None:
+        save_split(train, tmp / "train.safetensors")
+        save_split(val, tmp / "validation.safetensors")
+        (tmp / "source.json").write_text(json.dumps(info, indent=2))
+
+    atomic_write_dir(dest, write_into)
 
 
 def pretrain_dataset(train_rows: int, eval_rows: int) -> tuple[Path, dict]:
