@@ -14,11 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainperf.core.errors import SpecError
+from trainperf.cli.errors import EXIT_FAILED, SpecError, bad_input
 from trainperf.parallel.launcher import run_torchrun, torchrun_command
 from trainperf.preflight import checks
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 HELP = "is every GPU and link as fast as its datasheet? (GEMM, HBM, collectives, every pair)"
 DESCRIPTION = ("Measure bf16/fp8 GEMM and HBM copy on every GPU, sweep all_reduce / all_gather / reduce_scatter / "
                "all_to_all over message sizes (nccl-tests busbw), send/recv between every pair of ranks, and judge "
@@ -101,6 +100,7 @@ def build_request(args) -> tuple[dict, int, bool]:
 
 def _resolve_preset(args, raw: dict):
     """(preset or None, where it came from)."""
+    # the GPU presets load only once something was measured, not for --help
     from trainperf.plan.hardware import load_gpu, preset_for_device
 
     if args.gpu:
@@ -150,28 +150,20 @@ def _launch(req: dict, nproc: int, run_dir: Path) -> dict:
     return raw
 
 
-def _bad_input(msg: str, as_json: bool) -> int:
-    if as_json:
-        print(json.dumps({"error": msg, "exit_code": EXIT_BAD_INPUT}))
-    print(f"trainperf: error: {msg}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def run(args) -> int:
-    from trainperf.store.db import StoreError
+    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
 
     try:
         req, nproc, external = build_request(args)
         if args.gpu:
+            # the GPU presets load only when --gpu is given
             from trainperf.plan.hardware import load_gpu
 
             load_gpu(args.gpu)  # a bad --gpu is bad input: say so before measuring
         if getattr(args, "db", None):  # so is a --db that cannot store the result
-            from trainperf.store.db import check_store_path
-
             check_store_path(args.db)
     except (SpecError, StoreError) as exc:
-        return _bad_input(str(exc), args.json)
+        return bad_input(str(exc), args.json)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if external else 0
     run_dir = None
     if not external:
@@ -181,6 +173,7 @@ def run(args) -> int:
               + (f", log {run_dir / 'workers.log'}" if run_dir and nproc > 1 else ""), file=sys.stderr)
     try:
         if external or nproc == 1:
+            # the measurements import torch: only in the process that measures
             from trainperf.preflight.measure import measure_all
 
             raw = measure_all(req)
@@ -220,6 +213,7 @@ def wants_kernel_table(choice: str, device: str, quick: bool) -> bool:
 def measure_kernel_table_into(result: dict, device: str, run_dir: Path, iters: int | None = None) -> None:
     """Measure the kernel table on this process's device, write RUN_DIR/kernel_rates.json, and on a GPU
     make it one of the measured figures `plan` uses (CPU figures only exercise the path)."""
+    # the kernel benchmarks import torch: only in the process that measures
     from trainperf.preflight.kernels import measure_kernel_table
 
     table = measure_kernel_table(device, iters=iters or (10 if device == "cuda" else 3))
@@ -239,7 +233,7 @@ def _store(result: dict, preflight_id: str, db: str | None) -> str | None:
     store problem loses nothing."""
     if not db:
         return None
-    from trainperf.store.db import Store, StoreError
+    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
 
     try:
         store = Store(db)

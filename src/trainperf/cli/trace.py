@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
+from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.trace import SUMMARY_FILE, TRACE_DIR
-from trainperf.trace.analyze import OVERHEAD_GOAL_PCT
+from trainperf.trace.analyze import OVERHEAD_GOAL_PCT, analyze_dir
 
 HELP = "profile a few training steps on every rank: compute, comm, overlap, collectives, stragglers"
 DESCRIPTION = ("Run WORKLOAD for a few steps with torch.profiler on every rank (after warm-up), then report compute / "
                "communication / overlap / exposed communication / idle per step and rank, the collectives per parallel "
                "dimension (bytes, algbw, busbw), rank skew and stragglers, the top kernels and the profiler's own "
                "overhead; writes RUN_DIR/trace_summary.json. --analyze RUN_DIR re-analyses recorded traces.")
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 NO_EVALS = 10**15  # eval.every_samples for a trace run: no eval inside the few steps
 
 
@@ -48,13 +49,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout (one object)")
 
 
-def _bad_input(msg: str, as_json: bool) -> int:
-    if as_json:
-        print(json.dumps({"error": msg, "exit_code": EXIT_BAD_INPUT}))
-    print(f"trainperf: error: {msg}", file=sys.stderr)
-    return EXIT_BAD_INPUT
-
-
 def trace_overrides(args) -> list[str]:
     """The user's overrides between ours: open division first (a trace is no MLPerf result; the user
     may still say otherwise), the profile window and step count last (they define the trace)."""
@@ -65,7 +59,7 @@ def trace_overrides(args) -> list[str]:
 
 
 def loop_has_hook() -> bool:
-    from trainperf.core.spec import TrainSpec
+    from trainperf.core.spec import TrainSpec  # the spec's dataclasses load only when a trace runs, not for --help
 
     return "profile_steps" in {f.name for f in dataclasses.fields(TrainSpec)}
 
@@ -75,39 +69,36 @@ def run(args) -> int:
         run_dir = Path(args.analyze)
         trace_dir = run_dir / TRACE_DIR if (run_dir / TRACE_DIR).is_dir() else run_dir
         if not trace_dir.is_dir():
-            return _bad_input(f"--analyze {args.analyze!r}: no such directory", args.json)
+            return bad_input(f"--analyze {args.analyze!r}: no such directory", args.json)
         return _report(trace_dir, trace_dir.parent if trace_dir.name == TRACE_DIR else trace_dir, None, args)
     if not args.workload:
-        return _bad_input("give a WORKLOAD to trace, or --analyze RUN_DIR", args.json)
+        return bad_input("give a WORKLOAD to trace, or --analyze RUN_DIR", args.json)
     if args.steps < 1 or args.warmup < 0 or args.skip < 1 or args.after < 0 or args.nproc_per_node < 1:
-        return _bad_input("need --steps >= 1, --warmup >= 0, --skip >= 1 (step 1 is never profiled), --after >= 0 "
+        return bad_input("need --steps >= 1, --warmup >= 0, --skip >= 1 (step 1 is never profiled), --after >= 0 "
                           "and --nproc-per-node >= 1", args.json)
     if not loop_has_hook():
-        return _bad_input("this trainperf's training loop has no profiler hook yet (train.profile_steps)", args.json)
-    from trainperf.core.errors import SpecError
+        return bad_input("this trainperf's training loop has no profiler hook yet (train.profile_steps)", args.json)
+    # torch and the model load only when a traced run starts, not for --help
     from trainperf.runner import local
+    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
 
     db = args.db or str(Path(args.out) / "trace.db")
-    from trainperf.store.db import StoreError, check_store_path
-
     try:
         check_store_path(db)  # a bad --db fails before any work
     except StoreError as exc:
-        return _bad_input(str(exc), args.json)
+        return bad_input(str(exc), args.json)
     try:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _bad_input(f"--out {args.out!r}: cannot create it ({exc.strerror})", args.json)
+        return bad_input(f"--out {args.out!r}: cannot create it ({exc.strerror})", args.json)
     try:
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _ = local.prepare(args.workload, args.config, trace_overrides(args), world)
     except (SpecError, StoreError) as exc:
-        return _bad_input(str(exc), args.json)
+        return bad_input(str(exc), args.json)
     if ext:
         summary = local.run_as_external_rank(spec, args.out, db, False)
-        import os
-
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
             return EXIT_OK  # rank 0 analyses (every rank's trace must be on its file system)
     else:
@@ -128,12 +119,11 @@ def run(args) -> int:
 
 
 def _report(trace_dir: Path, run_dir: Path, run_info: dict | None, args) -> int:
-    from trainperf.trace.analyze import analyze_dir
 
     try:
         result = analyze_dir(trace_dir)
     except (FileNotFoundError, ValueError) as exc:
-        return _bad_input(f"{trace_dir}: {exc}", args.json)
+        return bad_input(f"{trace_dir}: {exc}", args.json)
     if run_info:
         result["run"] = run_info
     path = run_dir / SUMMARY_FILE
@@ -177,9 +167,21 @@ def _gbps(x) -> str:
 
 def print_summary(s: dict, top: int = 10) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(width=None if Console().is_terminal else 160)
+    _print_ranks(console, s)
+    _print_collectives(console, s, top)
+    _print_comm_and_skew(console, s)
+    _print_top_kernels(console, s, top)
+    _print_idle_gaps(console, s, top)
+    _print_overhead(console, s)
+    console.print(f"summary: {s.get('summary_file')}")
+
+
+def _print_ranks(console, s: dict) -> None:
+    """The heading, the profiled steps and the per-rank table."""
+    from rich.table import Table
+
     run = s.get("run") or {}
     head = f"trainperf trace: {run.get('workload') or ''} {s.get('mode', '')} trace of {len(s['ranks'])} ranks"
     if run.get("layout"):
@@ -203,6 +205,11 @@ def print_summary(s: dict, top: int = 10) -> None:
               style="bold")
     console.print(t)
 
+
+def _print_collectives(console, s: dict, top: int) -> None:
+    """The collectives table, largest first."""
+    from rich.table import Table
+
     if s["collectives"]:
         t = Table(title="collectives (time per rank over the profiled steps; bandwidth from the transfer time = "
                         "the fastest rank's duration; GB/s = 1e9 B/s)")
@@ -217,6 +224,9 @@ def print_summary(s: dict, top: int = 10) -> None:
             t.caption = f"{len(s['collectives']) - top} more in --json / {SUMMARY_FILE}"
         console.print(t)
 
+
+def _print_comm_and_skew(console, s: dict) -> None:
+    """Communication per parallel dimension, rank skew and the straggler."""
     if s.get("comm_by_group"):
         console.print("communication per step by parallel dimension (per rank): " + "; ".join(
             f"{g}: {_ms(v['comm_s_per_step'])} ms in {v['calls_per_step']:.3g} calls, {_bytes(v['bytes_per_step'])}, "
@@ -234,6 +244,11 @@ def print_summary(s: dict, top: int = 10) -> None:
     if s.get("note"):
         console.print(f"[yellow]{s['note']}[/yellow]")
 
+
+def _print_top_kernels(console, s: dict, top: int) -> None:
+    """The top kernels (GPU) or leaf ops (CPU)."""
+    from rich.table import Table
+
     if s["top"]:
         t = Table(title="top kernels" if s.get("mode") == "gpu" else "top ops (leaf CPU ops; gloo work)")
         for col in ("name", "kind", "calls/rank", "total ms/rank", "mean us", "% of compute"):
@@ -243,6 +258,11 @@ def print_summary(s: dict, top: int = 10) -> None:
             t.add_row(name, k["kind"], f"{k['count_per_rank']:g}", _ms(k["total_s_per_rank"]), _us(k["mean_s"]),
                       _pct(k["pct_of_compute"]))
         console.print(t)
+
+
+def _print_idle_gaps(console, s: dict, top: int) -> None:
+    """Where the GPU sat idle, by cause."""
+    from rich.table import Table
 
     gaps = s.get("idle_gaps")
     if gaps and gaps["by_cause"]:
@@ -259,6 +279,9 @@ def print_summary(s: dict, top: int = 10) -> None:
             t.caption = f"{len(gaps['by_cause']) - top} more, and the largest gaps one by one, in --json / {SUMMARY_FILE}"
         console.print(t)
 
+
+def _print_overhead(console, s: dict) -> None:
+    """The profiler's own overhead and, when large, the unprofiled step estimate."""
     o = s.get("overhead") or {}
     if o.get("overhead_pct") is not None:
         r0 = next(iter(o["per_rank"].values()))
@@ -273,4 +296,3 @@ def print_summary(s: dict, top: int = 10) -> None:
                       f"(+ mem copies, overlaps)")
     if s.get("overhead_hint"):
         console.print(f"[yellow]{s['overhead_hint']}[/yellow]")
-    console.print(f"summary: {s.get('summary_file')}")

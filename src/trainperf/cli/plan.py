@@ -1,0 +1,291 @@
+"""``trainperf plan WORKLOAD --gpus N``: rank every layout for N GPUs by predicted time (no GPU needed).
+
+Steps: resolve the inputs, pick the GPU (the preset, or the figures the newest preflight of it
+measured), search, store the ranked layouts, print them (or JSON). ``--calibrate`` instead fits the
+model to the stored runs of the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
+from trainperf.cli.options import HEADROOM_HELP, add_common, memory_headroom
+from trainperf.core.layout import layers_per_stage
+
+HELP = "rank every layout for N GPUs by predicted time (no GPU needed)"
+DESCRIPTION = ("Top-down estimate of memory, communication and step time for every valid "
+               "layout of WORKLOAD on N GPUs; ranks those that fit.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
+    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200 | a YAML file of GPU fields")
+    p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
+    p.add_argument("--objective", choices=["time", "throughput"], default="time",
+                   help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
+    p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--datasheet", action="store_true",
+                   help="use the GPU preset as is, not the figures the newest `trainperf preflight` of this GPU measured")
+    p.add_argument("--gbs", metavar="LIST|rcp",
+                   help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
+                        "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
+    p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
+    p.add_argument("--memory-headroom", type=float, default=None, metavar="FRACTION", help=HEADROOM_HELP)
+    p.add_argument("--calibrate", metavar="GPU_YAML",
+                   help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
+    add_common(p)
+
+
+@dataclasses.dataclass
+class Ranking:
+    """What one plan found: the layouts that fit (best first) and those that do not, on one GPU."""
+
+    gpu: object  # the planner's GPU (preset, YAML or measured)
+    per_node: int
+    headroom: float
+    fits: list
+    oom: list
+    measured_note: str | None
+
+    @property
+    def usable_gib(self) -> float:
+        return round((1 - self.headroom) * self.gpu.hbm_gib, 3)
+
+    @property
+    def over_headroom(self) -> int:
+        return sum(1 for c in self.oom if c.est.fits)  # would fit without the headroom
+
+
+def run(args) -> int:
+    from trainperf.store.db import StoreError  # sqlite3 loads only when a command runs, not for --help
+
+    try:
+        headroom = memory_headroom(args)
+    except SpecError as exc:
+        return bad_input(str(exc), args.json)
+    if args.calibrate:
+        return calibrate(args)
+    try:
+        ranking = _search(args, headroom)
+    except SpecError as exc:
+        return bad_input(str(exc), args.json)
+    try:
+        _save(args, ranking)
+    except StoreError as exc:
+        return bad_input(str(exc), args.json)
+    if args.json:
+        _print_json(args, ranking)
+        return EXIT_OK if ranking.fits else EXIT_FAILED
+    return _print_table(args, ranking)
+
+
+def _search(args, headroom: float) -> Ranking:
+    """Every valid layout ranked; SpecError on bad input, before the GPU file or the store is read."""
+    from trainperf.core.resolve import resolve_spec  # YAML/TOML parsing loads only when a spec is resolved
+    from trainperf.plan.hardware import load_gpu  # the planner loads only when a plan is asked for, not for --help
+    from trainperf.plan.search import plan  # (the planner, likewise)
+    from trainperf.workloads import get_workload  # torch and the model load only when a plan is asked for
+
+    if args.gpus < 1:
+        raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
+    if args.top < 1:
+        raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
+    if args.samples is not None and not args.samples > 0:
+        raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
+    # the spec first (resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8):
+    # bad input fails before the GPU file is read or the store is opened for a preflight
+    base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+    gpu = load_gpu(args.gpu)
+    measured_note = None
+    if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
+        gpu, measured_note = _measured_gpu(gpu, args.db)
+    per_node = args.gpus_per_node or min(args.gpus, 8)
+    gbs_values = _batch_sizes(args, base)
+    fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom)
+    return Ranking(gpu, per_node, headroom, fits, oom, measured_note)
+
+
+def _measured_gpu(gpu, db: str):
+    """(the GPU with the newest preflight's measured figures, a note naming them), or (gpu, None)."""
+    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
+
+    try:
+        store = Store(db)
+        found = store.latest_preflight(gpu.name)
+        store.close()
+    except StoreError:
+        found = None
+    overrides = dict(found["overrides"]) if found else {}
+    table = overrides.get("kernel_table")
+    if table and not Path(table).is_file():  # the preflight's run folder was removed
+        del overrides["kernel_table"]
+        print(f"trainperf: note: preflight {found['preflight_id']}'s kernel table {table} is gone; "
+              "using the preset's rates", file=sys.stderr)
+    if not overrides:
+        return gpu, None
+    return dataclasses.replace(gpu, **overrides), (
+        f"using measured figures of preflight {found['preflight_id']} "
+        f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
+
+
+def _batch_sizes(args, base) -> list[int] | None:
+    """--gbs as a list of global batch sizes to search (None: the spec's own)."""
+    if not args.gbs:
+        return None
+    # the RCP interpolation is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import rcp_batch_sizes
+
+    try:
+        gbs_values = rcp_batch_sizes(base) if args.gbs == "rcp" else [int(x) for x in args.gbs.split(",")]
+    except ValueError:
+        raise SpecError(f"--gbs {args.gbs!r}: expected comma-separated integers or `rcp`") from None
+    if not gbs_values or min(gbs_values) < 1:
+        raise SpecError(f"--gbs {args.gbs!r}: no global batch sizes to search (workload {args.workload!r} "
+                        "has no MLPerf RCPs)" if args.gbs == "rcp" else f"--gbs {args.gbs!r}: sizes must be >= 1")
+    return gbs_values
+
+
+def _save(args, ranking: Ranking) -> None:
+    """Give the layouts ids of this plan and store the shown ones (for `run --layout-from-plan`)."""
+    import secrets
+
+    from trainperf.store.db import Store  # sqlite3 loads only when a command runs, not for --help
+
+    plan_key = secrets.token_hex(3)
+    for c in ranking.fits:
+        c.id = f"{plan_key}:{c.id}"
+    store = Store(args.db)
+    store.save_plan([{"plan_id": c.id, "workload": args.workload, "gpus": args.gpus, "gpus_per_node": ranking.per_node,
+                      "gpu": ranking.gpu.name, "overrides": c.overrides,
+                      "predicted": {"step_time_s": c.est.step_time_s, "peak_mem_gib": c.est.allocated_gib,
+                                    "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu}}
+                     for c in ranking.fits[:args.top]])
+    store.close()
+
+
+def _hint(ranking: Ranking) -> str:
+    """When nothing fits: what an 8-bit optimizer would save ("" if it would not help)."""
+    # the memory model is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.costs import eight_bit_optimizer_hint
+
+    if not ranking.oom or ranking.fits:
+        return ""
+    return eight_bit_optimizer_hint(ranking.oom[0].spec, ranking.gpu, ranking.per_node, ranking.usable_gib)
+
+
+def _print_json(args, ranking: Ranking) -> None:
+    # explain() is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import explain
+
+    fits = ranking.fits
+    rows = [{"id": c.id, "set": c.set_line, "step_time_s": c.est.step_time_s,
+             "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
+             "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
+             "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
+             "host_offload_gib": c.est.host_offload_bytes / 2**30,
+             "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
+    print(json.dumps({"gpu": ranking.gpu.name, "measured": ranking.measured_note, "gpus": args.gpus,
+                      "gpus_per_node": ranking.per_node, "ranked": rows,
+                      "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
+                      "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
+                      "hint": _hint(ranking) or None,
+                      "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
+                     indent=2))
+
+
+def _layout_cells(c) -> list[str]:
+    o = c.overrides
+    cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
+             str(o["parallel.pp"]), o["parallel.pp_schedule"] if o["parallel.pp"] > 1 else "-",
+             str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
+             o["train.recompute"] + (f" {o['train.recompute_layers']}/{layers_per_stage(c.spec)}"
+                                     if "train.recompute_layers" in o else "")
+             + (" +sel" if o.get("train.recompute_others") == "selective" else "")
+             + (f" +{o['train.offload_layers']} host" if o.get("train.offload_layers") else ""),
+             f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
+             f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
+    if c.time_to_train_s:
+        cells.append(f"{c.time_to_train_s / 60:.1f}")
+    return cells
+
+
+def _print_table(args, ranking: Ranking) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    gpu, fits, oom, over, usable = ranking.gpu, ranking.fits, ranking.oom, ranking.over_headroom, ranking.usable_gib
+    console = Console(width=None if Console().is_terminal else 200)
+    table = Table(title=f"trainperf plan: {args.workload} on {args.gpus} x {gpu.name} ({ranking.per_node} per node) -- "
+                        f"{len(fits)} layouts fit, {len(oom)} do not"
+                        + (f" ({over} only for the memory headroom)" if over else "")
+                        + f" -- memory headroom {100 * ranking.headroom:g}% ({usable:.1f} of {gpu.hbm_gib:g} GiB usable)")
+    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
+                "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+        table.add_column(col, justify="right")
+    for c in fits[:args.top]:
+        table.add_row(*_layout_cells(c))
+    console.print(table)
+    if ranking.measured_note:
+        console.print(ranking.measured_note)
+    if not fits:
+        hint = _hint(ranking)
+        console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "
+                      f"{usable:.1f} usable of {gpu.hbm_gib:.0f} GiB ({oom[0].set_line})"
+                      + (f"; {over} fit only without the {100 * ranking.headroom:g}% memory headroom (--memory-headroom 0 "
+                         "ranks them, at the risk of an OOM)" if over else "")
+                      + (f"; {hint}" if hint else ""))
+        return EXIT_FAILED
+    _print_next_steps(console, args, ranking)
+    return EXIT_OK
+
+
+def _print_next_steps(console, args, ranking: Ranking) -> None:
+    """The command that runs the best layout, and with --explain why each runner-up is slower."""
+    # explain() is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import explain
+
+    fits, per_node = ranking.fits, ranking.per_node
+    launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
+              f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")
+    console.print(f"run the best: {launch} --layout-from-plan {fits[0].id}   (or: {fits[0].set_line})")
+    if args.explain:
+        best = fits[0]
+        terms = ", ".join(f"{k} {v:.3f}s" for k, v in sorted(best.est.time.items(), key=lambda kv: -kv[1]) if v > 0)
+        console.print(f"{best.id} step time: {terms}")
+        for c in fits[1:args.top]:
+            console.print("  " + explain(best, c))
+
+
+def calibrate(args) -> int:
+    """``plan --calibrate GPU_YAML``: fit the model to the stored runs of --gpu and write the fitted GPU."""
+    # the planner's fit loads only when it is asked for, not for --help
+    from trainperf.plan.calibrate import calibrate as fit_gpu, summary, write_gpu_yaml
+    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
+
+    try:
+        store = Store(args.db)
+        fitted, report = fit_gpu(store, args.gpu)
+        store.close()
+    except (SpecError, StoreError) as exc:
+        return bad_input(str(exc), args.json)
+    write_gpu_yaml(fitted, args.calibrate, args.gpu.lower())
+    out = {"gpu": fitted.name, "other_s_per_token_layer_h": fitted.other_s_per_token_layer_h, "written": args.calibrate,
+           "preset": summary(report, "preset"), "calibrated": summary(report, "calibrated"), "runs": report}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for which in ("preset", "calibrated"):
+            s = out[which]
+            print(f"{which:10s} {s['runs']} runs: median |step error| {100 * s['median_abs_step_error']:.1f}%, "
+                  f"max {100 * s['max_abs_step_error']:.1f}%")
+        print(f"wrote {args.calibrate}: use it with `trainperf plan ... --gpu {args.calibrate}`")
+    return EXIT_OK

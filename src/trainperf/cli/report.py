@@ -1,0 +1,56 @@
+"""``trainperf report``: a table of the runs in the results store (and optionally one HTML page)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from trainperf.cli.errors import EXIT_OK, bad_input
+from trainperf.cli.options import add_common
+
+HELP = "table of stored runs"
+DESCRIPTION = "Show the runs in the results store."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", help="only runs of this workload")
+    p.add_argument("--limit", type=int, default=50, help="newest N runs (default 50)")
+    p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
+    add_common(p)
+
+
+def run(args) -> int:
+    from trainperf.report.table import print_table, rows_for_json  # rich loads only for a report, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store  # sqlite3 loads only when a command runs, not for --help
+
+    if args.limit < 1:
+        return bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)
+    try:
+        require_existing_store(args.db, "your runs")  # a misspelt --db would otherwise show "0 runs"
+    except StoreError as exc:
+        return bad_input(str(exc), args.json)
+    html = getattr(args, "html", None)
+    if html and not Path(html).parent.is_dir():
+        return bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)
+    try:
+        store = Store(args.db, read_only_ok=True)  # a report of a store one may not write (reaping is skipped)
+    except StoreError as exc:
+        return bad_input(str(exc), args.json)
+    store.reap_dead_runs()
+    runs = store.list_runs(workload=args.workload, limit=args.limit)
+    if html:
+        # the HTML page's renderer (and its charts) loads only for --html
+        from trainperf.report.html import render
+
+        steps = {r["run_id"]: store.steps(r["run_id"]) for r in runs}
+        try:
+            Path(html).write_text(render(runs, steps))
+        except OSError as exc:
+            return bad_input(f"--html {html!r}: cannot write it ({exc.strerror})", args.json)
+    store.close()
+    if args.json:
+        print(json.dumps(rows_for_json(runs), indent=2))
+    else:
+        print_table(runs)
+    return EXIT_OK

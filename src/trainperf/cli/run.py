@@ -1,0 +1,128 @@
+"""``trainperf run WORKLOAD``: train a workload to its quality target (MLPerf clock, log, store)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
+from trainperf.cli.options import add_common, add_out
+
+HELP = "train a workload to its quality target (MLPerf clock, log, store)"
+DESCRIPTION = "Train WORKLOAD until its eval loss meets the target; exit 1 if max steps come first."
+
+# the one list of a run summary's keys in `run --json` (the typed run summary's fields can replace it)
+SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
+                "final_eval_loss", "target", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
+                "peak_mem_gib", "peak_reserved_gib", "optimizer", "optimizer_state_gib", "cuda_alloc_retries", "cuda_alloc_conf", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
+                "placement", "world_size", "mllog", "out_dir", "adapter", "seed", "predicted")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one spec value (repeatable), e.g. --set train.global_batch_size=32")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes to launch with torchrun (default 1, or the plan's GPU count)")
+    add_out(p)
+    p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve live Prometheus metrics (step, step time, tokens/s, MFU, memory) from rank 0 on PORT")
+    p.add_argument("--metrics-host", metavar="ADDR", help="address for --metrics-port (default 127.0.0.1: this host only)")
+    add_common(p)
+
+
+def _interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.console import Console
+
+    c = Console(stderr=False)
+    ok = summary["status"] == "success"
+    head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
+    c.print(f"{head} {summary['workload']} run {summary['run_id']}")
+    if ok:
+        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
+                f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
+    else:
+        c.print(f"  {summary.get('status_reason')}")
+    if summary.get("tokens_per_s"):
+        mfu = summary.get("mfu")
+        c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
+                f"process), {summary['model_tflops_per_gpu']:.3f} model TFLOP/s per process, MFU "
+                + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a (no peak FLOP/s known for this device)"))
+        c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
+    if summary.get("layout"):
+        where = ", ".join(f"{k} {v}" for k, v in (summary.get("placement") or {}).items())
+        c.print(f"  layout         {summary['layout']} on {summary.get('world_size')} processes" + (f" ({where})" if where else ""))
+    c.print(f"  mllog          {summary['mllog']}")
+
+
+def _apply_plan(args, workload: str) -> None:
+    """Put a stored plan's layout in front of the user's own --set overrides (which still win)."""
+    from trainperf.store.db import Store  # sqlite3 loads only when a command runs, not for --help
+
+    store = Store(args.db)
+    row = store.get_plan(args.layout_from_plan)
+    store.close()
+    if row is None:
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r}: no such plan in {args.db} (see `trainperf plan`)")
+    if row["workload"] != workload:
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r} was planned for {row['workload']!r}, not {workload!r}")
+    if row["gpus"] > row["gpus_per_node"]:
+        raise SpecError(f"plan {args.layout_from_plan!r} spans {row['gpus']} GPUs on several nodes: start it under srun "
+                        "with the printed --set line")
+    if args.nproc_per_node is not None and args.nproc_per_node != row["gpus"]:
+        raise SpecError(f"--nproc-per-node {args.nproc_per_node} but plan {args.layout_from_plan!r} is for {row['gpus']} GPUs")
+    args.nproc_per_node = row["gpus"]
+    plan_sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row["overrides"].items()]
+    args.overrides = plan_sets + list(args.overrides)
+
+
+def run(args, workload: str | None = None) -> int:
+    # torch and the model load only when a run starts, not for --help
+    from trainperf.runner import local
+    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
+
+    workload = workload or args.workload
+    t0 = time.perf_counter()
+    try:
+        if getattr(args, "layout_from_plan", None):
+            _apply_plan(args, workload)
+        if getattr(args, "metrics_port", None) is not None:
+            args.overrides = [*args.overrides, f"train.metrics_port={args.metrics_port}"]
+        if getattr(args, "metrics_host", None):
+            args.overrides = [*args.overrides, f"train.metrics_host={args.metrics_host}"]
+        if args.nproc_per_node is None:
+            args.nproc_per_node = 1
+        if args.nproc_per_node < 1:
+            raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+        check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
+        if Path(args.out).exists() and not Path(args.out).is_dir():
+            raise SpecError(f"--out {args.out!r} is a file; give a folder for the runs' artefacts")
+        ext = local.external_launcher()
+        world = local.external_world_size() if ext else args.nproc_per_node
+        spec, _info = local.prepare(workload, args.config, args.overrides, world)
+    except (SpecError, StoreError) as exc:
+        return bad_input(str(exc), args.json)
+    progress = _interactive() and not args.json
+    if ext:
+        summary = local.run_as_external_rank(spec, args.out, args.db, progress)
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
+            return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
+    else:
+        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress)
+    summary["wall_s"] = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({k: summary.get(k) for k in SUMMARY_KEYS} | {"evals": summary.get("evals", []),
+                                                                     "wall_s": summary["wall_s"]}, indent=2))
+    else:
+        _print_summary(summary)
+    return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
