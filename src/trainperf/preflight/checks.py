@@ -37,7 +37,11 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
+
+from trainperf.core import collectives as nccl_tests
+from trainperf.core.errors import SpecError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 TORCH_CALL = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
@@ -75,8 +79,6 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb"
 
 def parse_size(text: str) -> int:
     """'8', '64K', '1M', '4G', '512MiB' -> bytes (binary units). Raises SpecError."""
-    from trainperf.core.errors import SpecError
-
     m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise SpecError(f"size {text!r}: expected a byte count such as 8, 64K, 1M or 4G")
@@ -107,13 +109,10 @@ def sweep_sizes(quick: bool, device: str, max_bytes: int | None = None) -> list[
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective == "sendrecv":
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
+    """nccl-tests' factor (``core.collectives``) of a collective preflight measures; ValueError for any other."""
+    if collective not in COLLECTIVES + ("sendrecv",):
+        raise ValueError(f"unknown collective {collective!r}")
+    return nccl_tests.busbw_factor(collective, n)
 
 
 def collective_elems(collective: str, size: int, n: int, elem: int) -> tuple[int, int, int]:
@@ -290,20 +289,72 @@ def _who(ranks: list[dict], r: int) -> str:
     return f"rank {r} ({info['node']} {dev})"
 
 
-def evaluate(raw: dict, preset=None, preset_source: str | None = None) -> dict:
-    """Turn the raw measurements into the result: verdict rows, slow GPUs/pairs, baseline ratios,
-    summary, exit code, planner overrides. ``preset`` is a ``trainperf.plan.hardware.GPU`` or None."""
-    cpu = raw["device"] != "cuda"
-    ranks = raw.get("ranks", [])
-    min_bytes = THRESHOLDS["min_datasheet_bytes"]
-    ds = _preset_dict(preset) or {}
-    rows: list[dict] = []
-    slow_gpus: list[dict] = []
-    slow_pairs: list[dict] = []
+@dataclass
+class CheckResult:
+    """One verdict row of a preflight: a measurement against the datasheet and the best of the run."""
+    check: str
+    subject: str
+    size: str
+    value: float | None
+    unit: str
+    datasheet: float | None
+    pct: float | None
+    verdict: str
+    note: str
 
-    def add(check: str, subject: str, size: str, value: float | None, unit: str, reference: float | None,
-            thresholds: tuple | None, rel: dict | None = None, note: str = "", datasheet_ok: bool = True) -> dict:
-        if cpu:
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class PreflightResult:
+    """A judged preflight: the raw measurements (their keys come first in the JSON) and the verdicts."""
+    raw: dict
+    note: str | None
+    gpu_preset: dict | None
+    preset_source: str | None
+    thresholds: dict
+    checks: list[CheckResult]
+    slow_gpus: list[dict]
+    slow_pairs: list[dict]
+    baseline: list[dict]
+    summary: dict[str, int]
+    exit_code: int
+    measured_overrides: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """preflight.json: the raw result's keys, then the judgement's."""
+        out = dict(self.raw)
+        out.update({"note": self.note, "gpu_preset": self.gpu_preset, "preset_source": self.preset_source,
+                    "thresholds": self.thresholds, "checks": [c.to_dict() for c in self.checks],
+                    "slow_gpus": self.slow_gpus, "slow_pairs": self.slow_pairs, "baseline": self.baseline,
+                    "summary": self.summary, "exit_code": self.exit_code,
+                    "measured_overrides": self.measured_overrides})
+        return out
+
+
+class _Verdicts:
+    """The verdict rows of one preflight as they are judged, and the GPUs and pairs named slow."""
+
+    def __init__(self, raw: dict, preset):
+        self.cpu = raw["device"] != "cuda"
+        self.ranks = raw.get("ranks", [])
+        self.datasheet = _preset_dict(preset) or {}
+        self.rows: list[CheckResult] = []
+        self.slow_gpus: list[dict] = []
+        self.slow_pairs: list[dict] = []
+
+    def who(self, rank: int) -> str:
+        return _who(self.ranks, rank)
+
+    def is_slow(self, rel: dict | None) -> bool:
+        """Slower than the best of the run by the failing margin (never on CPU)."""
+        return not self.cpu and bool(rel) and rel["slower"] >= THRESHOLDS["slower_than_best"][1]
+
+    def add(self, check: str, subject: str, size: str, value: float | None, unit: str, reference: float | None,
+            thresholds: tuple | None, rel: dict | None = None, note: str = "", datasheet_ok: bool = True) -> CheckResult:
+        """One row: the worse of the datasheet verdict and the verdict against the best of the run."""
+        if self.cpu:
             verdict, pct = NA_CPU, None
         elif value is None:
             verdict, pct = "n/a (skipped)", None
@@ -315,12 +366,14 @@ def evaluate(raw: dict, preset=None, preset_source: str | None = None) -> dict:
             verdict = worst(v_ds, rel["verdict"]) if rel else v_ds
             if rel and rel["slower"] >= THRESHOLDS["slower_than_best"][0]:
                 note = (note + "; " if note else "") + f"{100 * rel['slower']:.0f}% below the best: {rel['best_name']}"
-        row = {"check": check, "subject": subject, "size": size, "value": value, "unit": unit,
-               "datasheet": reference if not cpu else None, "pct": pct, "verdict": verdict, "note": note}
-        rows.append(row)
+        row = CheckResult(check=check, subject=subject, size=size, value=value, unit=unit,
+                          datasheet=reference if not self.cpu else None, pct=pct, verdict=verdict, note=note)
+        self.rows.append(row)
         return row
 
-    # per GPU: GEMM and HBM
+
+def _judge_gemm(v: _Verdicts, raw: dict) -> None:
+    """Per GPU: bf16 (fp32 on CPU) and fp8 GEMM against the datasheet peak and the fastest GPU."""
     for dtype, key, ref_key in (("bf16", "gemm_bf16", "bf16_tflops"), ("fp8", "gemm_fp8", "fp8_tflops")):
         entries = [g for g in raw.get("gemm", []) if g["dtype"] in ((dtype, "fp32") if dtype == "bf16" else (dtype,))]
         measured = {g["rank"]: g["tflops"] for g in entries if not g.get("skipped")}
@@ -328,95 +381,112 @@ def evaluate(raw: dict, preset=None, preset_source: str | None = None) -> dict:
         for g in entries:
             label = f"gemm {g['dtype']}"
             if g.get("skipped"):
-                add(label, _who(ranks, g["rank"]), "-", None, "TFLOP/s", None, None, note=f"skipped: {g['skipped']}")
+                v.add(label, v.who(g["rank"]), "-", None, "TFLOP/s", None, None, note=f"skipped: {g['skipped']}")
                 continue
             r = rel.get(g["rank"])
             if r:
-                r["best_name"] = _who(ranks, r["best"])
-            row = add(label, _who(ranks, g["rank"]), f"{g['n']}^3", g["tflops"], "TFLOP/s", ds.get(ref_key),
-                      THRESHOLDS[key], r)
-            if not cpu and r and r["slower"] >= THRESHOLDS["slower_than_best"][1]:
-                slow_gpus.append({"check": label, "rank": g["rank"], "who": row["subject"], "value": g["tflops"],
-                                  "best": measured[r["best"]], "slower_pct": 100 * r["slower"]})
+                r["best_name"] = v.who(r["best"])
+            row = v.add(label, v.who(g["rank"]), f"{g['n']}^3", g["tflops"], "TFLOP/s", v.datasheet.get(ref_key),
+                        THRESHOLDS[key], r)
+            if v.is_slow(r):
+                v.slow_gpus.append({"check": label, "rank": g["rank"], "who": row.subject, "value": g["tflops"],
+                                    "best": measured[r["best"]], "slower_pct": 100 * r["slower"]})
+
+
+def _judge_hbm(v: _Verdicts, raw: dict) -> None:
     hbm = raw.get("hbm", [])
     rel = relative_verdicts({h["rank"]: h["tbps"] for h in hbm})
     for h in hbm:
         r = rel[h["rank"]]
-        r["best_name"] = _who(ranks, r["best"])
-        row = add("hbm copy", _who(ranks, h["rank"]), fmt_bytes(h["bytes"]), h["tbps"], "TB/s", ds.get("hbm_tbps"),
-                  THRESHOLDS["hbm"], r)
-        if not cpu and r["slower"] >= THRESHOLDS["slower_than_best"][1]:
-            slow_gpus.append({"check": "hbm copy", "rank": h["rank"], "who": row["subject"], "value": h["tbps"],
-                              "best": max(x["tbps"] for x in hbm), "slower_pct": 100 * r["slower"]})
+        r["best_name"] = v.who(r["best"])
+        row = v.add("hbm copy", v.who(h["rank"]), fmt_bytes(h["bytes"]), h["tbps"], "TB/s", v.datasheet.get("hbm_tbps"),
+                    THRESHOLDS["hbm"], r)
+        if v.is_slow(r):
+            v.slow_gpus.append({"check": "hbm copy", "rank": h["rank"], "who": row.subject, "value": h["tbps"],
+                                "best": max(x["tbps"] for x in hbm), "slower_pct": 100 * r["slower"]})
 
-    # host link: each GPU alone against the preset's rate, all at once against its share of the uplink
+
+def _judge_host_link(v: _Verdicts, raw: dict) -> None:
+    """Each GPU alone against the preset's rate, all at once against its share of the uplink."""
     host = raw.get("host_link", [])
     for direction in ("d2h", "h2d"):
         for mode in ("alone", "together"):
             rs = [h for h in host if h["direction"] == direction and h["mode"] == mode]
             rel = relative_verdicts({h["rank"]: h["gbps"] for h in rs})
-            ref = ds.get("pcie_gbps")
+            ref = v.datasheet.get("pcie_gbps")
             if ref and mode == "together":
-                ref = ref / max(1.0, min(ds.get("host_link_gpus", 1.0), _gpus_per_node(ranks)))
+                ref = ref / max(1.0, min(v.datasheet.get("host_link_gpus", 1.0), _gpus_per_node(v.ranks)))
             for h in rs:
                 r = rel[h["rank"]]
-                r["best_name"] = _who(ranks, r["best"])
-                add(f"host link {direction} ({mode})", _who(ranks, h["rank"]), fmt_bytes(h["bytes"]), h["gbps"], "GB/s",
-                    ref, THRESHOLDS["host_link"], r)
+                r["best_name"] = v.who(r["best"])
+                v.add(f"host link {direction} ({mode})", v.who(h["rank"]), fmt_bytes(h["bytes"]), h["gbps"], "GB/s",
+                      ref, THRESHOLDS["host_link"], r)
 
-    # collectives: each group at its largest size
+
+def _judge_collectives(v: _Verdicts, raw: dict) -> None:
+    """Each group at its largest size; per-node groups (and rails) against each other: a slow node stands out."""
     colls = raw.get("collectives", [])
     for coll in COLLECTIVES:
-        rs = [c for c in colls if c["collective"] == coll]
         largest: dict[str, dict] = {}
-        for c in rs:
+        for c in (c for c in colls if c["collective"] == coll):
             if c["group"] not in largest or c["size"] > largest[c["group"]]["size"]:
                 largest[c["group"]] = c
-        # per-node groups (and rails) are compared with each other: a slow node stands out
         peers: dict[str, dict] = {}
         for c in largest.values():
             if c["group"] != "world":
                 peers.setdefault(c["kind"], {})[c["group"]] = c["busbw_gbps"]
-        rels = {kind: relative_verdicts(v) for kind, v in peers.items() if len(v) > 1}
+        rels = {kind: relative_verdicts(bw) for kind, bw in peers.items() if len(bw) > 1}
         for label, c in largest.items():
             r = rels.get(c["kind"], {}).get(label)
             if r:
                 r["best_name"] = r["best"]
-            ref = ds.get("intra_busbw_gbps" if c["kind"] == "intra" else "inter_busbw_gbps")
-            add(f"{coll} busbw", f"{label} ({c['n']} ranks)", fmt_bytes(c["size"]), c["busbw_gbps"], "GB/s", ref,
-                THRESHOLDS["busbw"], r, datasheet_ok=c["size"] >= min_bytes)
+            ref = v.datasheet.get("intra_busbw_gbps" if c["kind"] == "intra" else "inter_busbw_gbps")
+            v.add(f"{coll} busbw", f"{label} ({c['n']} ranks)", fmt_bytes(c["size"]), c["busbw_gbps"], "GB/s", ref,
+                  THRESHOLDS["busbw"], r, datasheet_ok=c["size"] >= THRESHOLDS["min_datasheet_bytes"])
 
-    # send/recv pairs at their largest size, compared with pairs of the same kind
+
+def _judge_pairs(v: _Verdicts, raw: dict) -> None:
+    """send/recv pairs at their largest size, compared with pairs of the same kind (intra, inter)."""
     pairs = raw.get("pairs", [])
-    if pairs:
-        top = max(p["size"] for p in pairs)
-        at_top = [p for p in pairs if p["size"] == top]
-        for link in ("intra", "inter"):
-            ps = {tuple(p["ranks"]): p for p in at_top if p["link"] == link}
-            rel = relative_verdicts({k: p["busbw_gbps"] for k, p in ps.items()})
-            ref = ds.get("intra_busbw_gbps" if link == "intra" else "inter_busbw_gbps")
-            for k, p in sorted(ps.items()):
-                r = rel[k]
-                r["best_name"] = f"pair {r['best'][0]}-{r['best'][1]}"
-                row = add(f"sendrecv busbw ({link})", f"pair {k[0]}-{k[1]}", fmt_bytes(top), p["busbw_gbps"], "GB/s",
-                          ref, THRESHOLDS["busbw"], r, datasheet_ok=top >= min_bytes)
-                if not cpu and r["slower"] >= THRESHOLDS["slower_than_best"][1]:
-                    slow_pairs.append({"pair": list(k), "who": row["subject"], "link": link, "value": p["busbw_gbps"],
-                                       "best": ps[r["best"]]["busbw_gbps"], "slower_pct": 100 * r["slower"]})
+    if not pairs:
+        return
+    top = max(p["size"] for p in pairs)
+    at_top = [p for p in pairs if p["size"] == top]
+    for link in ("intra", "inter"):
+        ps = {tuple(p["ranks"]): p for p in at_top if p["link"] == link}
+        rel = relative_verdicts({k: p["busbw_gbps"] for k, p in ps.items()})
+        ref = v.datasheet.get("intra_busbw_gbps" if link == "intra" else "inter_busbw_gbps")
+        for k, p in sorted(ps.items()):
+            r = rel[k]
+            r["best_name"] = f"pair {r['best'][0]}-{r['best'][1]}"
+            row = v.add(f"sendrecv busbw ({link})", f"pair {k[0]}-{k[1]}", fmt_bytes(top), p["busbw_gbps"], "GB/s",
+                        ref, THRESHOLDS["busbw"], r, datasheet_ok=top >= THRESHOLDS["min_datasheet_bytes"])
+            if v.is_slow(r):
+                v.slow_pairs.append({"pair": list(k), "who": row.subject, "link": link, "value": p["busbw_gbps"],
+                                     "best": ps[r["best"]]["busbw_gbps"], "slower_pct": 100 * r["slower"]})
 
-    baseline = baseline_rows(raw)
-    counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in (PASS, WARN, FAIL)}
-    counts["n/a"] = len(rows) - sum(counts.values())
-    result = dict(raw)
-    result.update({
-        "note": CPU_NOTE if cpu else None,
-        "gpu_preset": _preset_dict(preset), "preset_source": preset_source,
-        "thresholds": {k: list(v) if isinstance(v, tuple) else v for k, v in THRESHOLDS.items()},
-        "checks": rows, "slow_gpus": slow_gpus, "slow_pairs": slow_pairs, "baseline": baseline,
-        "summary": counts, "exit_code": 1 if counts[FAIL] else 0,
-    })
-    result["measured_overrides"] = measured_overrides(result)
+
+def judge(raw: dict, preset=None, preset_source: str | None = None) -> PreflightResult:
+    """Turn the raw measurements into the result: verdict rows, slow GPUs/pairs, baseline ratios,
+    summary, exit code, planner overrides. ``preset`` is a GPU datasheet (``trainperf.plan.hardware.GPU``)
+    or None."""
+    v = _Verdicts(raw, preset)
+    for judge_part in (_judge_gemm, _judge_hbm, _judge_host_link, _judge_collectives, _judge_pairs):
+        judge_part(v, raw)
+    counts = {verdict: sum(1 for r in v.rows if r.verdict == verdict) for verdict in (PASS, WARN, FAIL)}
+    counts["n/a"] = len(v.rows) - sum(counts.values())
+    result = PreflightResult(
+        raw=dict(raw), note=CPU_NOTE if v.cpu else None, gpu_preset=_preset_dict(preset), preset_source=preset_source,
+        thresholds={k: list(t) if isinstance(t, tuple) else t for k, t in THRESHOLDS.items()},
+        checks=v.rows, slow_gpus=v.slow_gpus, slow_pairs=v.slow_pairs, baseline=baseline_rows(raw),
+        summary=counts, exit_code=1 if counts[FAIL] else 0)
+    result.measured_overrides = measured_overrides(result.to_dict())
     return result
+
+
+def evaluate(raw: dict, preset=None, preset_source: str | None = None) -> dict:
+    """``judge`` JSON-ready: the content of preflight.json."""
+    return judge(raw, preset, preset_source).to_dict()
 
 
 def baseline_rows(raw: dict) -> list[dict]:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from trainperf.model import flash4
+from trainperf.model.llama import attention_backends
 
 # (hidden, intermediate, heads, kv heads): the shapes of bench/planner_accuracy.py and the 70B recipe
 GPU_MODELS = {
@@ -134,8 +135,6 @@ def measure_attention_rates(device: str, iters: int, models: dict, seqs: tuple[i
     ``seqs``, keyed heads x kv_heads x head_dim x seq, through ``kernel`` as the engine calls it: SDPA
     in its backend order on (batch, heads, seq, head_dim), or FlashAttention-4's custom op on (batch,
     seq, heads, head_dim) -- skipping head dims FA4 does not take (not a multiple of 8)."""
-    from trainperf.model.llama import attention_backends
-
     timed = _timer(device, queue_ahead)
     dtype = torch.bfloat16
     rates: dict[str, list[float]] = {}
