@@ -204,36 +204,103 @@ def _shared_input_groups(targets: list[str]) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
-    m, p, tr, lo = spec.model, spec.parallel, spec.train, spec.lora
-    t, c, pp, R = p.tp, p.cp, p.pp, p.dp_replicate
-    d = p.dp_shard * c
-    dp = R * p.dp_shard
-    v = stages_per_rank(p)
-    S, b = spec.data.seq_len, tr.micro_batch_size
-    mb = tr.global_batch_size // (dp * b)
-    L, h, V = m.num_layers, m.hidden_size, m.vocab_size
-    L_rank = L / pp
-    tokens_mb = b * S / c  # tokens of one micro-batch on this GPU's sequence shard
-    est = Estimate()
+@dataclass(frozen=True)
+class RankShape:
+    """One GPU's share of a step in the module's notation, and the parameters it holds (worst pipeline
+    rank: the first holds the embedding, the last the LM head; both are V*h, so either is the worst)."""
+    t: int
+    c: int
+    pp: int
+    R: int
+    d: int  # the FSDP group: dp_shard * cp
+    dp: int  # data-parallel ranks: dp_replicate * dp_shard
+    v: int
+    S: int
+    b: int
+    mb: int  # micro-batches per step per data-parallel rank
+    h: int
+    V: int
+    L: int
+    L_rank: float
+    tokens_mb: float  # tokens of one micro-batch on this GPU's sequence shard
+    p_layer: float
+    p_edge: float
+    psi: float  # parameters before TP and FSDP
+    psi_train: float  # of them, the trained ones
 
-    # ---- parameters on this rank (worst pipeline rank: the first holds the embedding, the last
-    # the LM head; both are V*h, so either is the worst)
+
+def rank_shape(spec: RunSpec) -> RankShape:
+    m, p, tr, lo = spec.model, spec.parallel, spec.train, spec.lora
+    c, pp = p.cp, p.pp
+    dp = p.dp_replicate * p.dp_shard
+    S, b = spec.data.seq_len, tr.micro_batch_size
+    h, V = m.hidden_size, m.vocab_size
+    L_rank = m.num_layers / pp
     p_layer = layer_params(spec)
     p_edge = V * h if pp > 1 else 2 * V * h
-    psi = L_rank * p_layer + p_edge  # before TP and FSDP
-    psi_train = metrics.lora_params(m, lo) / pp if lo.enabled else psi
-    # ---- memory (bytes per GPU); ZeRO paper (arXiv 1910.02054) accounting adapted to FSDP2
+    psi = L_rank * p_layer + p_edge
+    return RankShape(t=p.tp, c=c, pp=pp, R=p.dp_replicate, d=p.dp_shard * c, dp=dp, v=stages_per_rank(p), S=S, b=b,
+                     mb=tr.global_batch_size // (dp * b), h=h, V=V, L=m.num_layers, L_rank=L_rank,
+                     tokens_mb=b * S / c, p_layer=p_layer, p_edge=p_edge, psi=psi,
+                     psi_train=metrics.lora_params(m, lo) / pp if lo.enabled else psi)
+
+
+@dataclass
+class MicroBatchSeconds:
+    """One micro-batch of the slowest pipeline stage (the last: its layers plus the LM head), by term."""
+    gemm: float
+    attention: float
+    elementwise: float
+    recompute: float = 0.0
+    offload: float = 0.0
+    tp: float = 0.0
+    cp: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention + self.elementwise + self.recompute + self.offload + self.tp + self.cp
+
+
+def forward_seconds(mb: MicroBatchSeconds, lin_mult: float) -> float:
+    """The forward alone of a micro-batch's compute: a third of the GEMMs of full training (half of
+    LoRA's), a third of attention and of the elementwise work."""
+    return mb.gemm * 2.0 / lin_mult + mb.attention / 3 + mb.elementwise / 3
+
+
+def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
+    s = rank_shape(spec)
+    est = Estimate()
+    est.memory.update(weight_memory(spec, s))
+    layer_set = activation_memory(spec, s, est)
+    micro = compute_seconds(spec, s, gpu)
+    add_recompute_seconds(spec, s, gpu, micro)
+    add_offload_seconds(spec, s, gpu, gpus_per_node, layer_set, micro, est)
+    add_tp_cp_seconds(spec, s, gpu, gpus_per_node, micro, est)
+    add_lm_head_recompute_seconds(spec, s, gpu, micro)
+    est.time.update(gemm=micro.gemm * s.mb, attention=micro.attention * s.mb, elementwise=micro.elementwise * s.mb,
+                    recompute=micro.recompute * s.mb, offload_exposed=micro.offload * s.mb, tp_exposed=micro.tp * s.mb,
+                    cp_exposed=micro.cp * s.mb)
+    est.time.update(step_seconds(spec, s, gpu, gpus_per_node, micro.total, est))
+    add_host_wait(spec, s, gpu, est)
+    est.step_time_s = sum(est.time.values())
+    finish_rates(spec, s, gpu, gpus_per_node, micro, est)
+    return est
+
+
+def weight_memory(spec: RunSpec, s: RankShape) -> dict[str, float]:
+    """Weights, gradients and optimizer states, bytes per GPU: the ZeRO paper's (arXiv 1910.02054)
+    accounting adapted to FSDP2."""
+    lo, tr, h, t, d = spec.lora, spec.train, s.h, s.t, s.d
     frozen_bytes = 4.0 if "fp32" in (spec.hardware.frozen_dtype, spec.hardware.dtype) else 2.0
-    frozen = psi - psi_train
+    frozen = s.psi - s.psi_train
     # frozen_dtype=fp8: the decoder layers' frozen projections at a byte each (the norms, embedding
     # and LM head as auto stores them); their scales are one float each
-    float8_stored = L_rank * (p_layer - 2 * h) if lo.enabled and spec.hardware.frozen_dtype == "fp8" else 0.0
-    est.memory["weights_sharded"] = (4.0 * psi_train + frozen_bytes * (frozen - float8_stored) + float8_stored) \
-        / (t * d) if lo.enabled else 4.0 * psi / (t * d)
-    gathered_units = L_rank if pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
+    float8_stored = s.L_rank * (s.p_layer - 2 * h) if lo.enabled and spec.hardware.frozen_dtype == "fp8" else 0.0
+    memory = {"weights_sharded": (4.0 * s.psi_train + frozen_bytes * (frozen - float8_stored) + float8_stored)
+              / (t * d) if lo.enabled else 4.0 * s.psi / (t * d)}
+    gathered_units = s.L_rank if s.pp > 1 else 2  # PP: no reshard after forward; else unit + prefetch
     # + the root's LM head, never resharded after forward (backward needs it first)
-    est.memory["weights_bf16_gathered"] = 2.0 * (gathered_units * p_layer + V * h) / t
+    memory["weights_bf16_gathered"] = 2.0 * (gathered_units * s.p_layer + s.V * h) / t
     # (one process with a bf16 LoRA base runs without FSDP2 -- parallelize.runs_without_fsdp -- but its
     # measured peak fell by only 0.2 GiB, 50.8 -> 50.6 on the 7B compiled run: the term stays)
     # Gradients in fp32. Micro-batches before the last run without gradient sync
@@ -241,151 +308,215 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     # gradient, up-cast to the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed), until the
     # last micro-batch reduce-scatters it: with more than one micro-batch the backward holds the full
     # local (TP-sharded) set, not the FSDP shard. Measured: 8B pretraining, 7B full training, FSDP2 x 2.
-    est.memory["grads_fp32"] = 4.0 * psi_train / (t if mb > 1 else t * d)
-    est.memory["grads_bf16_unsharded"] = 0.0 if lo.enabled else 2.0 * 2 * p_layer / t
-    est.memory["optimizer_states"] = OPTIMIZER_STATE_BYTES[tr.optimizer] * psi_train / (t * d)
-    # in-flight micro-batches on the worst (first) stage: Narayanan et al. 2021 / Megatron
-    # theoretical_memory_usage.py: 1F1B holds p of them (its L/p layers), GPipe all m
-    if pp == 1:
-        inflight_layers = L
-    elif p.pp_schedule == "GPipe":
-        inflight_layers = L_rank * mb
-    else:
-        inflight_layers = L_rank * min(pp, mb) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
+    memory["grads_fp32"] = 4.0 * s.psi_train / (t if s.mb > 1 else t * d)
+    memory["grads_bf16_unsharded"] = 0.0 if lo.enabled else 2.0 * 2 * s.p_layer / t
+    memory["optimizer_states"] = OPTIMIZER_STATE_BYTES[tr.optimizer] * s.psi_train / (t * d)
+    return memory
+
+
+def inflight_layers(spec: RunSpec, s: RankShape) -> float:
+    """Decoder layers whose activations the worst (first) stage holds at once: Narayanan et al. 2021 /
+    Megatron theoretical_memory_usage.py: 1F1B holds p micro-batches (of its L/p layers), GPipe all m."""
+    if s.pp == 1:
+        return s.L
+    if spec.parallel.pp_schedule == "GPipe":
+        return s.L_rank * s.mb
+    return s.L_rank * min(s.pp, s.mb) * (1 + (s.pp - 1) / (s.pp * s.v) if s.v > 1 else 1)
+
+
+def activation_memory(spec: RunSpec, s: RankShape, est: Estimate) -> float:
+    """Adds the activations, the recompute transient, the logits and the pinned host bytes to ``est``;
+    returns one layer's whole saved set (bytes per micro-batch), what an offloaded layer copies."""
+    tr = spec.train
+    layers = inflight_layers(spec, s)
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all;
     # train.offload_layers: that share keeps nothing on the GPU between its forward and its backward
     share, off_share = recomputed_share(spec), offloaded_share(spec)
     others_share = 1.0 - share - off_share
     others = tr.recompute_others  # what the layers recompute_layers leaves out get
     per_layer = share * activation_bytes_per_token_layer(spec) + others_share * activation_bytes_per_token_layer(spec, others)
-    est.memory["activations"] = per_layer * tokens_mb * inflight_layers
-    layer_set = activation_bytes_per_token_layer(spec, "none") * tokens_mb  # one layer's whole saved set
+    est.memory["activations"] = per_layer * s.tokens_mb * layers
+    layer_set = activation_bytes_per_token_layer(spec, "none") * s.tokens_mb  # one layer's whole saved set
     if tr.recompute == "full" and share > 0:  # one layer's full set is live while it is recomputed
         est.memory["recompute_transient"] = layer_set
-    if off_share > 0:  # pinned blocks as the allocator rounds them (GPU side: offload_in_flight, below)
-        est.host_offload_bytes = off_share * inflight_layers * layer_set * PINNED_ROUNDING
+    if off_share > 0:  # pinned blocks as the allocator rounds them (GPU side: offload_in_flight)
+        est.host_offload_bytes = off_share * layers * layer_set * PINNED_ROUNDING
     # logits bf16 + fp32 upcast + fp32 grad for the loss (last stage; vocab-sharded under TP)
     chunk = tr.loss_chunk_tokens
-    est.memory["logits_and_loss"] = 10.0 * (min(tokens_mb, chunk) if chunk > 0 else tokens_mb) * V / t
+    est.memory["logits_and_loss"] = 10.0 * (min(s.tokens_mb, chunk) if chunk > 0 else s.tokens_mb) * s.V / s.t
     # the optimizer step (torch.optim.AdamW(fused=True), train/loop.py) updates in place: no
     # temporaries (foreach would allocate sqrt(exp_avg_sq), 4 B per local trainable parameter)
+    return layer_set
 
-    # ---- compute time per micro-batch per pipeline stage (seconds)
-    # the slowest stage is the last: its layers plus the LM head (the embedding is a lookup)
-    n_lin_layers, n_lin_head = L_rank * (p_layer - 2 * h) / t, V * h / t
-    lin_mult = 4.0 if lo.enabled else 6.0  # frozen base: forward + input gradient only
+
+def linear_flops_multiplier(spec: RunSpec) -> float:
+    """FLOPs per base-projection weight per token: a frozen base has forward and input gradient only."""
+    return 4.0 if spec.lora.enabled else 6.0
+
+
+def measured_gemm_rates(gpu: GPU):
+    """(the kernel table, the scale of its GEMM times to this GPU) -- (None, 1.0) without a table."""
+    if not gpu.kernel_table:
+        return None, 1.0
+    return load_table(gpu.kernel_table), (gpu.kernel_table_gemm_eff / gpu.gemm_eff if gpu.kernel_table_gemm_eff > 0
+                                          else 1.0)
+
+
+def compute_seconds(spec: RunSpec, s: RankShape, gpu: GPU) -> MicroBatchSeconds:
+    """GEMM, attention and elementwise seconds of one micro-batch on the slowest stage (the embedding
+    is a lookup): measured rates by shape (plan/kernels.py) where the GPU has a table, else flat
+    efficiencies; the adapters' thin GEMMs always flat."""
+    m, lo, tr, t, c, tokens_mb = spec.model, spec.lora, spec.train, s.t, s.c, s.tokens_mb
+    n_lin_layers, n_lin_head = s.L_rank * (s.p_layer - 2 * s.h) / t, s.V * s.h / t
+    lin_mult = linear_flops_multiplier(spec)
     flops_layers = lin_mult * n_lin_layers * tokens_mb
-    flops_lin = lin_mult * (n_lin_layers + n_lin_head) * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb
+    flops_lin = lin_mult * (n_lin_layers + n_lin_head) * tokens_mb + 6.0 * (metrics.lora_params(m, lo) / s.pp / t) * tokens_mb
     # flash/cuDNN kernels work on head dims padded to a multiple of 64 (a 100-wide head costs 128)
     padded_head_dim = -(-m.head_dim // 64) * 64
-    flops_attn = 3.0 * 2.0 * S * m.num_heads * padded_head_dim * L_rank / t * tokens_mb
+    flops_attn = 3.0 * 2.0 * s.S * m.num_heads * padded_head_dim * s.L_rank / t * tokens_mb
     peak = gpu.bf16_tflops * 1e12
-    table = load_table(gpu.kernel_table) if gpu.kernel_table else None
-    if table is not None:  # measured rates by shape (plan/kernels.py); the adapters' thin GEMMs: flat
-        slower = gpu.kernel_table_gemm_eff / gpu.gemm_eff if gpu.kernel_table_gemm_eff > 0 else 1.0
-        t_layers = L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb)) * slower
+    table, slower = measured_gemm_rates(gpu)
+    if table is not None:
+        t_layers = s.L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb)) * slower
         t_lin = t_layers + sum(table.gemm_seconds(*g) for g in head_gemms(spec, tokens_mb)) * slower \
-            + 6.0 * (metrics.lora_params(m, lo) / pp / t) * tokens_mb / (peak * gpu.gemm_eff)
+            + 6.0 * (metrics.lora_params(m, lo) / s.pp / t) * tokens_mb / (peak * gpu.gemm_eff)
     else:
         t_layers = flops_layers / (peak * gpu.gemm_eff)
         t_lin = flops_lin / (peak * gpu.gemm_eff)
     if spec.hardware.fp8 != "none":  # the decoder layers' base GEMMs in float8 (LM head, adapters: bf16)
         t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - t_layers
         cast_bytes = gpu.fp8_cast_bytes_compiled if tr.compile else gpu.fp8_cast_bytes_eager
-        t_lin += fp8_cast_elements(spec, tokens_mb, t) * L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
+        t_lin += fp8_cast_elements(spec, tokens_mb, t) * s.L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
     if table is not None:  # ring attention: each rank computes 1/c of the causal work, in chunks
-        t_attn = L_rank * table.attention_seconds(b, m.num_heads / t, m.num_kv_heads / t, m.head_dim, S,
-                                                  kernel=spec.hardware.attention) / c \
+        t_attn = s.L_rank * table.attention_seconds(s.b, m.num_heads / t, m.num_kv_heads / t, m.head_dim, s.S,
+                                                    kernel=spec.hardware.attention) / c \
             * (gpu.cp_attn_slowdown if c > 1 else 1.0)
     else:
         attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
         t_attn = flops_attn / (peak * attn_eff)
-    t_other = gpu.other_s_per_token_layer_h * h / t * tokens_mb * L_rank
+    t_other = gpu.other_s_per_token_layer_h * s.h / t * tokens_mb * s.L_rank
     if tr.compile:
         t_other *= gpu.compile_other_factor
+    return MicroBatchSeconds(gemm=t_lin, attention=t_attn, elementwise=t_other)
+
+
+def selective_recompute_seconds(micro: MicroBatchSeconds) -> float:
+    """Selective recomputation of a micro-batch: the pointwise ops again."""
+    return micro.elementwise / 3
+
+
+def add_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
+    """What train.recompute (on recompute_layers of each stage) and recompute_others cost."""
+    lo, tr = spec.lora, spec.train
     t_recompute = 0.0
-    t_selective = t_other / 3  # the pointwise ops again
+    t_selective = selective_recompute_seconds(micro)
     if tr.recompute == "full":  # the forward again: half the frozen-base GEMMs (1/3 if full training)
-        t_recompute = t_lin * (0.5 if lo.enabled else 1 / 3) + t_attn / 3 + t_other / 3
+        t_recompute = micro.gemm * (0.5 if lo.enabled else 1 / 3) + micro.attention / 3 + micro.elementwise / 3
     elif tr.recompute == "selective":
         t_recompute = t_selective
-    t_recompute = share * t_recompute + others_share * (t_selective if others == "selective" else 0.0)
-    t_offload = 0.0
-    if off_share > 0:  # PCIe copies on side streams, hidden unless they outlast the compute beside them
-        # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
-        # node copies at the same points of the step)
-        copy = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
-        fwd_layer = (t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3) / L_rank
-        bwd_layer = (t_lin + t_attn + t_other) / L_rank - fwd_layer
-        rec_s = {"full": fwd_layer, "selective": t_selective / L_rank}  # recomputation before a backward
-        modes = stage_layer_modes(spec)
-        stall, queued_out = offload_stall(modes, copy, fwd_layer,
-                                          {mode: bwd_layer + rec_s.get(mode, 0.0) for mode in set(modes)})
-        t_offload = stall * v  # the timeline is one stage's; an interleaved rank holds v of them
-        # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
-        # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
-        # what is counted is the copies out still queued at that point, at least one set
-        est.memory["offload_in_flight"] = (queued_out + 1.0) * layer_set
-    t_tp = 0.0
+    share = recomputed_share(spec)
+    others_share = 1.0 - share - offloaded_share(spec)
+    micro.recompute = share * t_recompute + others_share * (t_selective if tr.recompute_others == "selective" else 0.0)
+
+
+def add_offload_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, layer_set: float,
+                        micro: MicroBatchSeconds, est: Estimate) -> None:
+    """train.offload_layers: PCIe copies on side streams, hidden unless they outlast the compute beside
+    them; also the GPU memory of the copies out still queued at the peak."""
+    if offloaded_share(spec) <= 0:
+        return
+    # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
+    # node copies at the same points of the step)
+    copy = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
+    fwd_layer = forward_seconds(micro, linear_flops_multiplier(spec)) / s.L_rank
+    bwd_layer = (micro.gemm + micro.attention + micro.elementwise) / s.L_rank - fwd_layer
+    # recomputation before a backward
+    rec_s = {"full": fwd_layer, "selective": selective_recompute_seconds(micro) / s.L_rank}
+    modes = stage_layer_modes(spec)
+    stall, queued_out = offload_stall(modes, copy, fwd_layer,
+                                      {mode: bwd_layer + rec_s.get(mode, 0.0) for mode in set(modes)})
+    micro.offload = stall * s.v  # the timeline is one stage's; an interleaved rank holds v of them
+    # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
+    # back (then only the one in backward and PREFETCH_DEPTH more are there, with most memory free);
+    # what is counted is the copies out still queued at that point, at least one set
+    est.memory["offload_in_flight"] = (queued_out + 1.0) * layer_set
+
+
+def add_tp_cp_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micro: MicroBatchSeconds,
+                      est: Estimate) -> None:
+    """Tensor- and context-parallel traffic of a micro-batch and what of it is exposed."""
+    m, t, c, b, S, h = spec.model, s.t, s.c, s.b, s.S, s.h
     if t > 1:  # Narayanan 2021 3.3: 4 all-reduces (or 4 AG + 4 RS with SP) of b*s*h*2 B per layer
         a_bytes = b * (S / c) * h * 2.0
-        tp_bytes = 8 * (t - 1) / t * a_bytes * L_rank
-        est.comm["tp"] = tp_bytes * mb
-        t_tp = tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * L_rank * (tokens_mb / 8192)
-    t_cp = 0.0
+        tp_bytes = 8 * (t - 1) / t * a_bytes * s.L_rank
+        est.comm["tp"] = tp_bytes * s.mb
+        micro.tp = tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * s.L_rank * (s.tokens_mb / 8192)
     if c > 1:  # ring attention: 3 (c-1) KV chunks per layer (Megatron context_parallel.md)
         kv = 2.0 * b * (S / c) * m.num_kv_heads * m.head_dim * 2.0 * (m.num_heads // m.num_kv_heads)
-        cp_bytes = 3 * (c - 1) * kv * L_rank
-        est.comm["cp"] = cp_bytes * mb
-        t_cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * t_attn)
-    if chunk > 0:  # chunked loss: the LM head's forward runs again in backward
-        t_recompute += table.gemm_seconds(tokens_mb, h, V / t) * slower if table is not None \
-            else 2.0 * V * h * tokens_mb / t / (peak * gpu.gemm_eff)
-    t_micro = t_lin + t_attn + t_other + t_recompute + t_offload + t_tp + t_cp
-    est.time.update(gemm=t_lin * mb, attention=t_attn * mb, elementwise=t_other * mb, recompute=t_recompute * mb,
-                    offload_exposed=t_offload * mb, tp_exposed=t_tp * mb, cp_exposed=t_cp * mb)
+        cp_bytes = 3 * (c - 1) * kv * s.L_rank
+        est.comm["cp"] = cp_bytes * s.mb
+        micro.cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * micro.attention)
 
-    # ---- FSDP / DP traffic per step and what of it is exposed
+
+def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
+    """Chunked loss (train.loss_chunk_tokens): the LM head's forward runs again in backward."""
+    if spec.train.loss_chunk_tokens <= 0:
+        return
+    table, slower = measured_gemm_rates(gpu)
+    micro.recompute += table.gemm_seconds(s.tokens_mb, s.h, s.V / s.t) * slower if table is not None \
+        else 2.0 * s.V * s.h * s.tokens_mb / s.t / (gpu.bf16_tflops * 1e12 * gpu.gemm_eff)
+
+
+def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_micro: float,
+                 est: Estimate) -> dict[str, float]:
+    """Once-per-step terms: FSDP / DP traffic and what of it is exposed, the pipeline's bubble and
+    point-to-point sends, the optimizer step."""
+    p, tr, t, c, d, R, pp, mb = spec.parallel, spec.train, s.t, s.c, s.d, s.R, s.pp, s.mb
     t_fsdp = 0.0
     if d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
-        gather = 2 * (d - 1) / d * 2.0 * (L_rank * p_layer + p_edge) / t
-        rs = (d - 1) / d * 4.0 * psi_train / t
+        gather = 2 * (d - 1) / d * 2.0 * (s.L_rank * s.p_layer + s.p_edge) / t
+        rs = (d - 1) / d * 4.0 * s.psi_train / t
         fsdp_bytes = (gather + rs) * mb
         est.comm["fsdp"] = fsdp_bytes
         t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard) - gpu.comm_overlap * t_micro * mb)
     t_dp = 0.0
     if R > 1:  # HSDP replicas all-reduce the (sharded) fp32 grads once per step
-        dp_bytes = 2 * (R - 1) / R * 4.0 * psi_train / (t * d)
+        dp_bytes = 2 * (R - 1) / R * 4.0 * s.psi_train / (t * d)
         est.comm["dp"] = dp_bytes
         t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R) - gpu.comm_overlap * t_micro)
     t_pp = 0.0
     t_bubble = 0.0
     if pp > 1:  # 1F1B/GPipe bubble (p-1)/m, interleaved (p-1)/(v m): Narayanan et al. 2021 2.2
-        t_bubble = (pp - 1) / (v * mb) * t_micro * mb
-        pp_bytes = 2 * mb * v * b * (S / c) * h * 2.0 / (t if p.sp else 1)
+        t_bubble = (pp - 1) / (s.v * mb) * t_micro * mb
+        pp_bytes = 2 * mb * s.v * s.b * (s.S / c) * s.h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
         t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
-    t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
+    t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * s.psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
         + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
-    est.time.update(fsdp_exposed=t_fsdp, dp_exposed=t_dp, pp_bubble=t_bubble, pp_p2p=t_pp, optimizer=t_opt)
-    # ---- the host: a step cannot be shorter than the time to issue its ops; when it is longer than
-    # the GPU's work, the GPU idles for the difference (the trace shows it as idle time)
-    t_host = host_seconds_per_step(spec, gpu, mb, L_rank)
+    return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt}
+
+
+def add_host_wait(spec: RunSpec, s: RankShape, gpu: GPU, est: Estimate) -> None:
+    """A step cannot be shorter than the time to issue its ops; when it is longer than the GPU's work,
+    the GPU idles for the difference (the trace shows it as idle time)."""
+    t_host = host_seconds_per_step(spec, gpu, s.mb, s.L_rank)
     t_gpu = sum(est.time.values())
     k = gpu.host_gpu_overlap_k
     est.time["host_wait"] = (t_gpu ** k + t_host ** k) ** (1.0 / k) - t_gpu if t_host > 0 else 0.0
-    est.step_time_s = sum(est.time.values())
-    # eval: the forward alone -- a third of the GEMMs of full training (half of LoRA's), a third of
-    # attention and of the elementwise work -- per sequence, pipeline stages in sequence
-    fwd_micro = t_lin * 2.0 / lin_mult + t_attn / 3 + t_other / 3 + (t_tp + t_cp) / 3
-    est.eval_seconds_per_row = fwd_micro / b * pp
-    world = dp * t * c * pp
-    tokens_step = tr.global_batch_size * S
+
+
+def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micro: MicroBatchSeconds,
+                 est: Estimate) -> None:
+    """Eval seconds per row, tokens/s per GPU, MFU and the fit, from the step time."""
+    # eval: the forward alone per sequence, pipeline stages in sequence
+    fwd_micro = forward_seconds(micro, linear_flops_multiplier(spec)) + (micro.tp + micro.cp) / 3
+    est.eval_seconds_per_row = fwd_micro / s.b * s.pp
+    world = s.dp * s.t * s.c * s.pp
+    tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world
-    flops_tok = metrics.train_flops_per_token(m, lo, S)
-    est.mfu = flops_tok * est.tokens_per_s_per_gpu / peak
+    flops_tok = metrics.train_flops_per_token(spec.model, spec.lora, s.S)
+    est.mfu = flops_tok * est.tokens_per_s_per_gpu / (gpu.bf16_tflops * 1e12)
     est.fits = est.reserved_gib <= gpu.hbm_gib and est.host_offload_bytes <= offload_budget_bytes(spec, gpus_per_node)
-    return est
 
 
 def host_mem_gib(spec: RunSpec) -> float:
