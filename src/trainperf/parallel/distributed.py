@@ -28,14 +28,22 @@ def adopt_srun_environment() -> None:
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
 
 
-def enable_flight_recorder(dump_dir: Path) -> None:
-    """PyTorch's Flight Recorder: keep the last collectives of every rank in a ring buffer and dump it
-    into ``dump_dir`` (RUN_DIR/flight_recorder/) when a collective times out (read it with
-    ``python -m torch.distributed.flight_recorder.fr_trace``). Must be set before the group exists."""
-    dump_dir.mkdir(parents=True, exist_ok=True)
+def record_collectives() -> None:
+    """PyTorch's Flight Recorder on: keep the last collectives of every rank in a ring buffer, dumped
+    when a collective times out. Must be set before the group exists (the NCCL group reads these
+    when it is made, the buffer is sized at the first collective)."""
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+def enable_flight_recorder(dump_dir: Path) -> None:
+    """PyTorch's Flight Recorder (``record_collectives``), dumped into ``dump_dir``
+    (RUN_DIR/flight_recorder/) when a collective times out (read it with
+    ``python -m torch.distributed.flight_recorder.fr_trace``). The dump's location is read when the
+    first dump is written (torch's DebugInfoWriter::getWriter), so it may be set after the group exists."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    record_collectives()
     os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_dir / "rank_")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-COLUMNS = ("run_id", "workload", "status", "layout", "world_size", "time_to_train_s", "samples_to_target",
-           "final_eval_loss", "target", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "division",
-           "comparable", "status_reason", "mllog_path", "step_time_s", "predicted_step_time_s", "predicted_peak_gib")
+from trainperf.core.results import REPORT_COLUMNS
+
+# a run's results (RunSummary's report columns) and what the planner predicted for it
+COLUMNS = (*REPORT_COLUMNS, "predicted_step_time_s", "predicted_peak_gib")
 
 
 def rows_for_json(runs: list[dict]) -> list[dict]:

@@ -141,8 +141,9 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
     """On a GPU machine the planner's memory estimate gates the launch (OOM predicted = bad input)."""
     import dataclasses
 
+    # the planner's memory model: only when a run is launched on a GPU machine
     from trainperf.plan.costs import check_memory
-    from trainperf.plan.hardware import preset_for_device
+    from trainperf.plan.hardware import preset_for_device  # ... and its GPU presets
 
     if spec.hardware.device == "cpu" or not cuda_available():
         check_host_memory(spec)
@@ -157,7 +158,10 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
 def host_memory_floor_gib(spec: RunSpec) -> float:
     """What a CPU run holds at least, whatever its layout (all its processes share this machine): the
     weights, and the trainable ones' gradients and optimizer state. Activations come on top."""
-    from trainperf.core.flops import lora_params, total_params
+    from trainperf.core.flops import (  # only for a CPU run's memory check
+        lora_params,
+        total_params,
+    )
 
     total = total_params(spec.model)
     trainable = lora_params(spec.model, spec.lora) if spec.lora.enabled else total
@@ -187,6 +191,32 @@ def check_host_memory(spec: RunSpec) -> None:
                         "hardware.memory_check=false to try anyway")
 
 
+def predict_run(spec: RunSpec, hw: dict) -> dict:
+    """What the planner predicts for this run on this GPU (nothing on CPUs or unknown GPUs): kept
+    with the run so `report` can show predicted against measured."""
+    # the planner: only when a run starts
+    from trainperf.plan.costs import estimate
+    from trainperf.plan.hardware import preset_for_device  # ... and its GPU presets
+
+    gpu = preset_for_device(hw.get("gpu") or "")
+    if gpu is None:
+        return {}
+    est = estimate(spec, gpu, int(os.environ.get("LOCAL_WORLD_SIZE", hw.get("gpus", 1))))
+    return {"gpu_preset": gpu.name, "step_time_s": est.step_time_s, "peak_mem_gib": est.allocated_gib,
+            "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu}
+
+
+def run_hooks():
+    """What the trainer gets from the layers above it: the planner's prediction, the step profiler
+    (train.profile_steps), the live-metrics server (train.metrics_port)."""
+    # the tracer and the trainer pull in torch: only when a run starts, not for --help
+    from trainperf.trace.capture import profiler_for
+    from trainperf.train.live_metrics import MetricsServer  # prometheus_client: only when a run starts
+    from trainperf.train.loop import RunHooks  # torch: only when a run starts
+
+    return RunHooks(predict=predict_run, profiler_factory=profiler_for, metrics_server_factory=MetricsServer)
+
+
 def new_run_id(workload: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}-{secrets.token_hex(3)}"
 
@@ -202,8 +232,9 @@ def git_sha() -> str | None:
 
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
+    # the store: only when a run starts, not for --help
     from trainperf.store.db import Store
-    from trainperf.train.loop import (
+    from trainperf.train.loop import (  # the trainer with torch: only when a run starts
         RunContext,
         RunInterrupted,
         apply_cuda_alloc_conf,
@@ -225,7 +256,8 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             import torch.distributed as dist
 
             try:
-                train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress))
+                train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
+                                       hooks=run_hooks()))
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
@@ -235,7 +267,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-            cmd = torchrun_command(nproc_per_node, "trainperf.train.loop", str(run_dir))
+            cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
             returncode = run_torchrun(cmd, env)
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
@@ -273,12 +305,20 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
     import torch.distributed as dist
 
-    from trainperf.train.loop import RunContext, apply_cuda_alloc_conf, pick_device, train
-    from trainperf.parallel.distributed import init_distributed
+    # the process group: only when a run starts, not for --help
+    from trainperf.parallel.distributed import init_distributed, record_collectives
+    from trainperf.train.loop import (  # the trainer: only when a run starts
+        RunContext,
+        apply_cuda_alloc_conf,
+        pick_device,
+        train,
+    )
 
     apply_cuda_alloc_conf(spec)
-    # the timeout must be in place before the group exists: a group's timeout cannot change later, and
-    # train() finds this group already made
+    # what must be in place before the group exists, which train() finds already made: the timeout (a
+    # group's cannot change later) and the Flight Recorder. The run folder, where a dump goes, is agreed
+    # below and set by train() before any training collective: torch reads it at the first dump.
+    record_collectives()
     init_distributed(pick_device(spec), spec.train.collective_timeout_s)
     box = [new_run_id(spec.workload), spec.train.seed] if dist.get_rank() == 0 else [None, None]
     dist.broadcast_object_list(box, src=0)
@@ -289,8 +329,8 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
         (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
         summary = train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
-                                         create_row=True))
+                                         create_row=True, hooks=run_hooks()))
         dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
-        return summary
+        return summary.as_dict()
     finally:
         dist.destroy_process_group()

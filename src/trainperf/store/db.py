@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainperf.core.results import RESULT_COLUMNS
+
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
 
@@ -133,11 +135,8 @@ MIGRATIONS = {
     """,
 }
 
-RUN_RESULT_FIELDS = (
-    "status", "status_reason", "finished_at", "time_to_train_s", "samples_to_target", "final_eval_loss",
-    "steps", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
-    "peak_mem_gib", "mllog_path", "summary_path",
-)
+# what finish_run may write: a RunSummary's result columns, and the store's own record of the end
+RUN_RESULT_FIELDS = (*RESULT_COLUMNS, "finished_at", "summary_path")
 
 
 class StoreError(RuntimeError):

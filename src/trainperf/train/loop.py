@@ -15,15 +15,15 @@ import os
 import platform
 import resource
 import signal
-import statistics
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from trainperf import __version__
 from trainperf.core import flops as metrics
 from trainperf.core.files import atomic_write_text
 from trainperf.core.layout import (
@@ -32,6 +32,7 @@ from trainperf.core.layout import (
     grad_accum_steps,
     layout_string,
 )
+from trainperf.core.results import RunSummary, per_gpu, steady_throughput
 from trainperf.core.spec import (
     RunSpec,
     TrainSpec,
@@ -45,10 +46,36 @@ from trainperf.mlperf.recipes import hyperparameter_events
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
 from trainperf.parallel.parallelize import build_mesh
-from trainperf.trace.capture import profiler_for
+from trainperf.store.db import Store
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
+
+ProfilerFactory = Callable[[RunSpec, Path, int, str, object], object]
+MetricsServerFactory = Callable[[int, str, str, str], MetricsServer]
+
+
+class _NoProfiler:
+    """The step loop's profiler when the caller gives none."""
+
+    def step(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RunHooks:
+    """What the trainer gets from its caller, who may use the layers above it (the planner, the
+    tracer): ``predict(spec, hardware)`` -> the planner's prediction kept with the run;
+    ``profiler_factory(spec, out_dir, rank, device_type, mesh)`` -> an object with ``step()`` and
+    ``close()``; ``metrics_server_factory(port, host, run_id, workload)`` -> the live-metrics server.
+    Left out: no prediction, no profiler, no live metrics."""
+
+    predict: Callable[[RunSpec, dict], dict] | None = None
+    profiler_factory: ProfilerFactory | None = None
+    metrics_server_factory: MetricsServerFactory | None = None
 
 
 @dataclass
@@ -59,7 +86,8 @@ class RunContext:
     progress: bool = False
     create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
     last_step: int = 0  # the last optimizer step every rank completed (for a hung run's record)
-    metrics: object = None  # the live-metrics server while the run trains
+    hooks: RunHooks = field(default_factory=RunHooks)  # what the caller lends: prediction, profiler, live metrics
+    metrics: MetricsServer | None = None  # the live-metrics server while the run trains
     evals: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
 
@@ -143,20 +171,6 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
     return norm
 
 
-def predict(spec: RunSpec, hw: dict) -> dict:
-    """What the planner predicts for this run on this GPU (nothing on CPUs or unknown GPUs): kept
-    with the run so `report` can show predicted against measured."""
-    from trainperf.plan.costs import estimate
-    from trainperf.plan.hardware import preset_for_device
-
-    gpu = preset_for_device(hw.get("gpu") or "")
-    if gpu is None:
-        return {}
-    est = estimate(spec, gpu, int(os.environ.get("LOCAL_WORLD_SIZE", hw.get("gpus", 1))))
-    return {"gpu_preset": gpu.name, "step_time_s": est.step_time_s, "peak_mem_gib": est.allocated_gib,
-            "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu}
-
-
 def pick_device(spec: RunSpec) -> str:
     if spec.hardware.device == "cpu":
         return "cpu"
@@ -168,13 +182,7 @@ def software_versions() -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "mlperf_logging": getattr(mlperf_logging, "__version__", "unknown"),
-            "trainperf": _trainperf_version()}
-
-
-def _trainperf_version() -> str:
-    from trainperf import __version__
-
-    return __version__
+            "trainperf": __version__}
 
 
 def hardware_info(device_type: str, world: int) -> dict:
@@ -243,7 +251,7 @@ class _Progress:
             self.bar.stop()
 
 
-def train(spec: RunSpec, ctx: RunContext) -> dict:
+def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
     """Run one training job on this rank. Returns the run summary (identical on every rank)."""
     device_type = pick_device(spec)
     rank, world, local = init_distributed(device_type, spec.train.collective_timeout_s, ctx.out_dir / "flight_recorder")
@@ -256,41 +264,23 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(ctx.out_dir / "mllog.txt" if is_main else None, ctx.run_id)
-    store = None
-    if is_main and ctx.db_path:
-        from trainperf.store.db import Store
-
-        store = Store(ctx.db_path)
-    p, t, e = spec.parallel, spec.train, spec.eval
+    store = Store(ctx.db_path) if is_main and ctx.db_path else None
     hw = hardware_info(device_type, world)
-    if store and ctx.create_row:
-        store.create_run(ctx.run_id, spec.workload, spec.to_dict(), layout_string(p), world, spec.mlperf.division,
-                         spec.mlperf.comparable, e.target, str(ctx.out_dir))
-    predicted = predict(spec, hw)
+    predicted = ctx.hooks.predict(spec, hw) if ctx.hooks.predict else {}
     if store:
-        store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()),
-                              predicted_step_time_s=predicted.get("step_time_s"),
-                              predicted_peak_gib=predicted.get("peak_mem_gib"))
+        _record_start(store, spec, ctx, world, hw, predicted)
 
     def on_signal(signum, frame):
         raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
 
-    summary: dict = {}
-    progress = _Progress(ctx.progress and is_main, t.max_steps, spec.workload)
+    progress = _Progress(ctx.progress and is_main, spec.train.max_steps, spec.workload)
     try:
-        summary = _train_body(spec, ctx, log, progress, device, device_type, rank, world, hw)
-        summary["predicted"] = predicted
+        summary = _Run(spec, ctx, log, progress, device, device_type, rank, world, hw).execute()
+        summary.predicted = predicted
     except BaseException as exc:
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        status = "failed"
-        if is_collective_timeout(exc):
-            status = "hung"
-            reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
-                      f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
-        if store:
-            store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status=status, status_reason=reason)
+        _record_failure(store, spec, ctx, exc, rank)
         raise
     finally:
         progress.close()
@@ -298,233 +288,319 @@ def train(spec: RunSpec, ctx: RunContext) -> dict:
         if ctx.metrics is not None:
             ctx.metrics.close()
     if store:
-        store.finish_run(
-            ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
-            **{k: summary[k] for k in ("status", "status_reason", "time_to_train_s", "samples_to_target",
-                                      "final_eval_loss", "steps", "step_time_s", "tokens_per_s",
-                                      "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "peak_mem_gib")},
-            mllog_path=summary["mllog"], summary_path=str(ctx.out_dir / "summary.json"))
+        store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, **summary.result_columns(),
+                         summary_path=str(ctx.out_dir / "summary.json"))
         store.close()
     if is_main:
-        (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (ctx.out_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     return summary
 
 
-def _train_body(spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress, device, device_type: str,
-                rank: int, world: int, hw: dict) -> dict:
-    p, t, e, d = spec.parallel, spec.train, spec.eval, spec.data
-    dp = data_parallel_size(p)
-    accum = grad_accum_steps(spec)
-    interval = eval_interval_samples(spec)
-    skip_evals = eval_skip_count(spec)
+def _record_start(store: Store, spec: RunSpec, ctx: RunContext, world: int, hw: dict, predicted: dict) -> None:
+    """The run's row (when no launcher made it) with this machine's hardware, software and prediction."""
+    if ctx.create_row:
+        store.create_run(ctx.run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), world,
+                         spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(ctx.out_dir))
+    store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()),
+                          predicted_step_time_s=predicted.get("step_time_s"),
+                          predicted_peak_gib=predicted.get("peak_mem_gib"))
 
-    log.event(KEYS.CACHE_CLEAR, True)
-    log.start(KEYS.INIT_START)
-    log.event(KEYS.SUBMISSION_BENCHMARK, spec.mlperf.benchmark)
-    log.event(KEYS.SUBMISSION_DIVISION, spec.mlperf.division)
-    log.event(KEYS.SUBMISSION_ORG, spec.mlperf.org)
-    log.event(KEYS.SUBMISSION_PLATFORM, spec.mlperf.platform or f"{world}x{hw.get('gpu') or 'cpu'}")
-    log.event(KEYS.SUBMISSION_STATUS, "onprem")
-    log.event(KEYS.SEED, t.seed)
-    for key, value in hyperparameter_events(spec):
-        log.event(key, value)
 
-    mesh = build_mesh(p, device_type)
-    n_base_tensors = sum(1 for _ in ckpt.expected_shapes(spec.model, spec.model.fused_qkv)) if spec.model.path else 0
-    engine = Engine(spec, mesh, device, resolve_param_dtype(spec, device_type),
-                    on_load_tensor=progress.loader(n_base_tensors // max(p.pp, 1)))
-    if spec.model.path and log.enabled:
-        log.event("checkpoint_load_s", round(engine.load_s, 3), gib=round(engine.load_bytes / 2**30, 3))
-    trainable = engine.trainable
-    opt = build_optimizer(trainable, t)
-    pp_group = mesh["pp"].get_group() if p.pp > 1 else None
-    dp_rank = mesh["dp"].get_local_rank()
-    untimed_warmup(engine, spec, t.untimed_warmup_steps)
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    dist.barrier()
-    log.end(KEYS.INIT_STOP)
+def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: BaseException, rank: int) -> None:
+    """A run that raised: 'hung' when a collective timed out (with this rank's Flight Recorder dump),
+    else 'failed', with the reason."""
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    status = "failed"
+    if is_collective_timeout(exc):
+        status = "hung"
+        dump_flight_recorder(ctx.out_dir / "flight_recorder", rank)
+        reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
+                  f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
+    if store:
+        store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status=status, status_reason=reason)
 
-    # ------- the MLPerf clock starts: the run reads no data before this line (the ids were verified ---
-    # ------- in a separate pass before launch, like a dataset checksum check) -------------------------
-    dist.barrier()
-    log.start(KEYS.RUN_START)
-    run_start = time.perf_counter()
-    train_split = load_any(d.path, "train", d.seq_len)
-    val_split = load_any(d.path, "validation", d.seq_len)
-    if d.eval_samples and d.eval_samples < len(val_split):  # e.g. llama31_8b: the first 1024 sequences
-        val_split = val_split.limit(d.eval_samples)
-    log.event(KEYS.TRAIN_SAMPLES, len(train_split))
-    log.event(KEYS.EVAL_SAMPLES, len(val_split))
-    sampler = GlobalBatchSampler(len(train_split), t.global_batch_size, t.seed)
-    # a pipeline evaluates in the same micro-batches it trains in
-    eval_bs = t.global_batch_size // dp if p.pp > 1 else e.batch_size
-    val_batches = eval_shards(len(val_split), dp_rank, dp, eval_bs)
-    log.start(KEYS.BLOCK_START, samples_count=0, epoch_num=0.0)
 
-    tokens_per_step = t.global_batch_size * d.seq_len
-    flops_per_token = metrics.train_flops_per_token(spec.model, spec.lora, d.seq_len)
-    gpu_name = hw.get("gpu") if spec.hardware.gpu == "auto" else spec.hardware.gpu
-    peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
-        metrics.peak_flops_for(gpu_name) if gpu_name else None)
-    clock = StepClock(device_type == "cuda")  # no host sync per step: read at log points, see clock.py
-    metrics_server = ctx.metrics = MetricsServer(t.metrics_port if rank == 0 else 0, t.metrics_host, ctx.run_id,
-                                                 spec.workload)
+def dump_flight_recorder(dump_dir: Path, rank: int) -> Path | None:
+    """Write this rank's Flight Recorder buffer to ``dump_dir/rank_<rank>``, as the NCCL watchdog does
+    on a timeout (gloo writes none), for ``python -m torch.distributed.flight_recorder.fr_trace``.
+    None when there is nothing to write (the recorder was off, or an NCCL dump is already there)."""
+    path = dump_dir / f"rank_{rank}"
+    if path.exists():
+        return None
+    # torch has no public call for it; this is the one its own dumps are made of
+    trace = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+    if not trace:
+        return None
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(trace)
+    return path
 
-    def emit(rec: dict) -> None:
-        step_time = clock.time_of(rec["step"])
-        loss_val = rec["loss"] / p.tp  # shares add up over dp, cp and pp; tp ranks hold copies
-        ctx.steps.append({"step": rec["step"], "samples": rec["samples"], "loss": loss_val, "lr": rec["lr"],
-                          "grad_norm": rec["grad_norm"], "step_time_s": step_time,
-                          "tokens_per_s": tokens_per_step / step_time})
-        log.event("train_loss", loss_val, samples_count=rec["samples"], lr=rec["lr"])
-        progress.update(rec["step"], f"loss {loss_val:.3f}")
 
-    step_log = LaggedLog(emit)
-    status, reason, samples_to_target, final_eval, stop_time = "failed", "", None, None, None
-    evals_done, diverged = 0, None
-    engine.train()
-    step = 0
-    prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)  # a no-op unless train.profile_steps > 0
-    # the untimed warm-up's forward passes offload too
-    offloaded_before, kept_before = engine.offloaded_bytes(), engine.offloaded_bytes(kept_subclasses=True)
-    for step in range(1, t.max_steps + 1):
-        _test_stall(rank, step)
-        clock.start()
-        rows = sampler.global_batch(step - 1)
-        ids, mask = train_split.take(rows)  # the step's global batch, in sampler order
+@dataclass
+class _Outcome:
+    """How the step loop ended."""
+
+    status: str = "failed"
+    reason: str | None = None  # why a run that did not reach its target stopped
+    samples_to_target: int | None = None
+    final_eval: float | None = None
+    stop_time: float | None = None
+    evals_done: int = 0
+    last_step: int = 0
+
+
+class _Run:
+    """One rank's run, step by step: build (with the untimed warm-up), start the clock and read the
+    data, the step loop (train step, evaluation, stop decision), close the log, gather the memory
+    peaks and exports, and the summary."""
+
+    def __init__(self, spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress, device, device_type: str,
+                 rank: int, world: int, hw: dict):
+        self.spec, self.ctx, self.log, self.progress = spec, ctx, log, progress
+        self.device, self.device_type, self.rank, self.world, self.hw = device, device_type, rank, world, hw
+        d = spec.data
+        self.tokens_per_step = spec.train.global_batch_size * d.seq_len
+        self.flops_per_token = metrics.train_flops_per_token(spec.model, spec.lora, d.seq_len)
+        gpu_name = hw.get("gpu") if spec.hardware.gpu == "auto" else spec.hardware.gpu
+        self.peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
+            metrics.peak_flops_for(gpu_name) if gpu_name else None)
+
+    def execute(self) -> RunSummary:
+        self.log_submission()
+        self.build()
+        self.start_clock()
+        outcome = self.step_loop()
+        self.close_log(outcome)
+        return self.summarize(outcome)
+
+    def log_submission(self) -> None:
+        spec, log, t = self.spec, self.log, self.spec.train
+        log.event(KEYS.CACHE_CLEAR, True)
+        log.start(KEYS.INIT_START)
+        log.event(KEYS.SUBMISSION_BENCHMARK, spec.mlperf.benchmark)
+        log.event(KEYS.SUBMISSION_DIVISION, spec.mlperf.division)
+        log.event(KEYS.SUBMISSION_ORG, spec.mlperf.org)
+        log.event(KEYS.SUBMISSION_PLATFORM, spec.mlperf.platform or f"{self.world}x{self.hw.get('gpu') or 'cpu'}")
+        log.event(KEYS.SUBMISSION_STATUS, "onprem")
+        log.event(KEYS.SEED, t.seed)
+        for key, value in hyperparameter_events(spec):
+            log.event(key, value)
+
+    def build(self) -> None:
+        """The mesh, the model (and its checkpoint), the optimizer, the untimed warm-up; ends init."""
+        spec, p, t = self.spec, self.spec.parallel, self.spec.train
+        self.mesh = build_mesh(p, self.device_type)
+        n_base_tensors = sum(1 for _ in ckpt.expected_shapes(spec.model, spec.model.fused_qkv)) if spec.model.path else 0
+        self.engine = Engine(spec, self.mesh, self.device, resolve_param_dtype(spec, self.device_type),
+                             on_load_tensor=self.progress.loader(n_base_tensors // max(p.pp, 1)))
+        if spec.model.path and self.log.enabled:
+            self.log.event("checkpoint_load_s", round(self.engine.load_s, 3), gib=round(self.engine.load_bytes / 2**30, 3))
+        self.trainable = self.engine.trainable
+        self.opt = build_optimizer(self.trainable, t)
+        self.pp_group = self.mesh["pp"].get_group() if p.pp > 1 else None
+        self.dp, self.dp_rank = data_parallel_size(p), self.mesh["dp"].get_local_rank()
+        untimed_warmup(self.engine, spec, t.untimed_warmup_steps)
+        if self.device_type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        self.log.end(KEYS.INIT_STOP)
+
+    def start_clock(self) -> None:
+        """run_start, then the data: the run reads no data before the clock starts (the ids were
+        verified in a separate pass before launch, like a dataset checksum check)."""
+        p, t, e, d = self.spec.parallel, self.spec.train, self.spec.eval, self.spec.data
+        dist.barrier()
+        self.log.start(KEYS.RUN_START)
+        self.run_start = time.perf_counter()
+        self.train_split = load_any(d.path, "train", d.seq_len)
+        val_split = load_any(d.path, "validation", d.seq_len)
+        if d.eval_samples and d.eval_samples < len(val_split):  # e.g. llama31_8b: the first 1024 sequences
+            val_split = val_split.limit(d.eval_samples)
+        self.val_split = val_split
+        self.log.event(KEYS.TRAIN_SAMPLES, len(self.train_split))
+        self.log.event(KEYS.EVAL_SAMPLES, len(val_split))
+        self.sampler = GlobalBatchSampler(len(self.train_split), t.global_batch_size, t.seed)
+        # a pipeline evaluates in the same micro-batches it trains in
+        eval_bs = t.global_batch_size // self.dp if p.pp > 1 else e.batch_size
+        self.val_batches = eval_shards(len(val_split), self.dp_rank, self.dp, eval_bs)
+        self.log.start(KEYS.BLOCK_START, samples_count=0, epoch_num=0.0)
+
+    def step_loop(self) -> _Outcome:
+        """Train step by step; evaluate at every eval boundary past the skipped ones; stop at the
+        target, at a diverged eval, or at train.max_steps."""
+        spec, ctx, t = self.spec, self.ctx, self.spec.train
+        interval, skip_evals = eval_interval_samples(spec), eval_skip_count(spec)
+        self.clock = StepClock(self.device_type == "cuda")  # no host sync per step: read at log points, see clock.py
+        factory = ctx.hooks.metrics_server_factory
+        ctx.metrics = factory(t.metrics_port if self.rank == 0 else 0, t.metrics_host, ctx.run_id,
+                              spec.workload) if factory else None
+        self.step_log = LaggedLog(self._emit)
+        outcome = _Outcome()
+        self.engine.train()
+        make_profiler = ctx.hooks.profiler_factory
+        # a no-op unless train.profile_steps > 0
+        prof = make_profiler(spec, ctx.out_dir, self.rank, self.device_type, self.mesh) if make_profiler else _NoProfiler()
+        # the untimed warm-up's forward passes offload too
+        self.offloaded_before = self.engine.offloaded_bytes()
+        self.kept_before = self.engine.offloaded_bytes(kept_subclasses=True)
+        for step in range(1, t.max_steps + 1):
+            outcome.last_step = step
+            self.train_step(step)
+            samples = step * t.global_batch_size
+            at_eval = samples % interval == 0 and samples // interval > skip_evals
+            if at_eval and self.evaluate_and_decide(step, samples, outcome):
+                break
+            prof.step()  # ProfilerStep#k = loop step k+1, everything of the iteration
+        prof.close()
+        self.step_log.flush()
+        return outcome
+
+    def train_step(self, step: int) -> None:
+        """One optimizer step on the step's global batch; its log record (read one step late) and the
+        live metrics of the step before."""
+        t, ctx, engine = self.spec.train, self.ctx, self.engine
+        _test_stall(self.rank, step)
+        self.clock.start()
+        rows = self.sampler.global_batch(step - 1)
+        ids, mask = self.train_split.take(rows)  # the step's global batch, in sampler order
         global_tokens = float(mask[:, 1:].sum())
-        micro = [(ids[pos], mask[pos]) for pos in split_local(torch.arange(len(rows)), dp_rank, dp, t.micro_batch_size)]
+        micro = [(ids[pos], mask[pos])
+                 for pos in split_local(torch.arange(len(rows)), self.dp_rank, self.dp, t.micro_batch_size)]
         loss_local = engine.train_step(micro, global_tokens)
-        grad_norm = clip_gradients(trainable, t.grad_clip, pp_group)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        set_lr(opt, lr_at(step, t))
-        clock.stop()
-        samples = step * t.global_batch_size
-        ctx.last_step = clock.completed()  # for a hung run's record: finished on the GPU, not just queued
+        grad_norm = clip_gradients(self.trainable, t.grad_clip, self.pp_group)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        set_lr(self.opt, lr_at(step, t))
+        self.clock.stop()
+        ctx.last_step = self.clock.completed()  # for a hung run's record: finished on the GPU, not just queued
         if step % t.log_every == 0 or step <= 3 or step == t.max_steps:
             dist.all_reduce(loss_local)  # queued on the GPU; read one step later
-            step_log.add({"step": step, "samples": samples, "loss": loss_local, "lr": lr_at(step - 1, t),
-                          "grad_norm": grad_norm})
-        step_log.lag()  # the previous step's values: ready, or about to be, while this step runs
-        if rank == 0:
+            self.step_log.add({"step": step, "samples": step * t.global_batch_size, "loss": loss_local,
+                               "lr": lr_at(step - 1, t), "grad_norm": grad_norm})
+        self.step_log.lag()  # the previous step's values: ready, or about to be, while this step runs
+        if self.rank == 0:
             write_progress(ctx.out_dir, step)
-            if metrics_server.enabled and step > 1:  # the previous step, whose time is known without waiting
-                last = clock.time_of(step - 1)
-                tps_gpu = tokens_per_step / last / world
-                metrics_server.update(step - 1, last, tps_gpu, metrics.mfu(flops_per_token, tps_gpu, peak),
-                                      _peak_mem_gib(device_type))
+            server = ctx.metrics
+            if server is not None and server.enabled and step > 1:  # the previous step: its time is known without waiting
+                last = self.clock.time_of(step - 1)
+                tps_gpu = per_gpu(self.tokens_per_step / last, self.world)
+                server.update(step - 1, last, tps_gpu, metrics.mfu(self.flops_per_token, tps_gpu, self.peak),
+                              _peak_mem_gib(self.device_type))
 
-        if samples % interval == 0:
-            index = samples // interval
-            if index > skip_evals:
-                step_log.flush()
-                epoch_num = samples / len(train_split)
-                log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
-                log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
-                eval_loss = evaluate(engine, val_split, val_batches, device)
-                evals_done += 1
-                log.event(KEYS.EVAL_ACCURACY, eval_loss, samples_count=samples, epoch_num=epoch_num)
-                log.end(KEYS.EVAL_STOP, samples_count=samples, epoch_num=epoch_num)
-                if not math.isfinite(eval_loss):  # no later eval can come back from it (and JSON has no nan)
-                    diverged = f"the eval loss is {eval_loss} after {samples} samples: training diverged"
-                    break
-                final_eval = eval_loss
-                ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
-                                  "elapsed_s": time.perf_counter() - run_start})
-                progress.update(step, f"eval {eval_loss:.4f} (target {e.target:.4f})")
-                # every rank holds the same all-reduced value, so every rank takes the same decision
-                if eval_loss <= e.target:
-                    status, samples_to_target = "success", samples
-                    stop_time = time.perf_counter()
-                    log.end(KEYS.RUN_STOP, eval_loss, samples_count=samples, status="success")
-                    break
-                log.start(KEYS.BLOCK_START, samples_count=samples, epoch_num=epoch_num)
-        prof.step()  # ProfilerStep#k = loop step k+1, everything of the iteration
-    prof.close()
-    step_log.flush()
-    step_times = clock.times()
-    if status != "success":
-        stop_time = time.perf_counter()
-        reason = diverged or (f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
-                              f"({evals_done} evals, last {final_eval if final_eval is None else round(final_eval, 4)})")
-        log.end(KEYS.BLOCK_STOP, samples_count=step * t.global_batch_size, epoch_num=step * t.global_batch_size / len(train_split))
-        log.end(KEYS.RUN_STOP, final_eval, samples_count=step * t.global_batch_size, status="aborted")
+    def _emit(self, rec: dict) -> None:
+        step_time = self.clock.time_of(rec["step"])
+        loss_val = rec["loss"] / self.spec.parallel.tp  # shares add up over dp, cp and pp; tp ranks hold copies
+        self.ctx.steps.append({"step": rec["step"], "samples": rec["samples"], "loss": loss_val, "lr": rec["lr"],
+                               "grad_norm": rec["grad_norm"], "step_time_s": step_time,
+                               "tokens_per_s": self.tokens_per_step / step_time})
+        self.log.event("train_loss", loss_val, samples_count=rec["samples"], lr=rec["lr"])
+        self.progress.update(rec["step"], f"loss {loss_val:.3f}")
 
-    peak_mem = torch.tensor([_peak_mem_gib(device_type)], dtype=torch.float64, device=device)
-    dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
-    opt_state = torch.tensor([optimizer_state_bytes(opt) / 2**30], dtype=torch.float64, device=device)
-    dist.all_reduce(opt_state, op=dist.ReduceOp.MAX)
-    # what the caching allocator reserved, and how often it had to free its cache and retry (each
-    # retry synchronises the device: a run near its memory limit loses its host/GPU overlap there)
-    allocator = torch.cuda.memory_stats() if device_type == "cuda" else {}
-    reserved = torch.tensor([allocator.get("reserved_bytes.all.peak", 0) / 2**30, allocator.get("num_alloc_retries", 0)],
-                            dtype=torch.float64, device=device)
-    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
-    adapter_dir = None
-    if spec.lora.enabled:
-        adapters = engine.gather(only_adapters=True)
-        if rank == 0:
-            adapter_dir = str(ctx.out_dir / "adapter")
-            ckpt.save_peft_adapter(adapters, spec.lora, adapter_dir, spec.model.path)
-    model_dir = None
-    if t.save_final_model:  # the (base) weights after training, as a Hugging Face checkpoint
-        state = engine.gather(base_only=True)
-        if rank == 0:
-            model_dir = str(ctx.out_dir / "model")
-            ckpt.save_hf_checkpoint(state, spec.model, model_dir)
+    def evaluate_and_decide(self, step: int, samples: int, outcome: _Outcome) -> bool:
+        """An eval between two blocks, and the stop decision: True when the run stops here (the target
+        is met, or the eval loss is not finite). Every rank holds the same all-reduced loss, so every
+        rank decides the same."""
+        log, e = self.log, self.spec.eval
+        self.step_log.flush()
+        epoch_num = samples / len(self.train_split)
+        log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
+        log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
+        eval_loss = evaluate(self.engine, self.val_split, self.val_batches, self.device)
+        outcome.evals_done += 1
+        log.event(KEYS.EVAL_ACCURACY, eval_loss, samples_count=samples, epoch_num=epoch_num)
+        log.end(KEYS.EVAL_STOP, samples_count=samples, epoch_num=epoch_num)
+        if not math.isfinite(eval_loss):  # no later eval can come back from it (and JSON has no nan)
+            outcome.reason = f"the eval loss is {eval_loss} after {samples} samples: training diverged"
+            return True
+        outcome.final_eval = eval_loss
+        self.ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
+                               "elapsed_s": time.perf_counter() - self.run_start})
+        self.progress.update(step, f"eval {eval_loss:.4f} (target {e.target:.4f})")
+        if eval_loss <= e.target:
+            outcome.status, outcome.samples_to_target = "success", samples
+            outcome.stop_time = time.perf_counter()
+            log.end(KEYS.RUN_STOP, eval_loss, samples_count=samples, status="success")
+            return True
+        log.start(KEYS.BLOCK_START, samples_count=samples, epoch_num=epoch_num)
+        return False
 
-    steady = step_times[1:] if len(step_times) > 1 else step_times
-    step_time = statistics.median(steady)
-    tps = tokens_per_step / step_time
-    tps_gpu = tps / world
-    return {
-        "run_id": ctx.run_id,
-        "workload": spec.workload,
-        "status": status,
-        "status_reason": reason or None,
-        "time_to_train_s": (stop_time - run_start) if status == "success" else None,
-        "samples_to_target": samples_to_target,
-        "final_eval_loss": final_eval,
-        "target": e.target,
-        "evals": ctx.evals,
-        "steps": step,
-        "step_time_s": step_time,
-        "tokens_per_s": tps,
-        "tokens_per_s_per_gpu": tps_gpu,
-        "model_flops_per_token": flops_per_token,
-        "model_tflops_per_gpu": flops_per_token * tps_gpu / 1e12,
-        "mfu": metrics.mfu(flops_per_token, tps_gpu, peak),
-        "peak_flops": peak,
-        "peak_mem_gib": float(peak_mem.item()),
-        "peak_mem_kind": "max GPU memory allocated" if device_type == "cuda" else "max process RSS (CPU)",
-        "peak_reserved_gib": float(reserved[0]) if device_type == "cuda" else None,
-        "optimizer": t.optimizer,
-        "optimizer_state_gib": float(opt_state.item()),  # the largest rank's, after the last step
-        "cuda_alloc_retries": int(reserved[1]) if device_type == "cuda" else None,
-        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if device_type == "cuda" else None,
-        # pinned host memory this rank's caching host allocator held at its peak (train.offload_layers)
-        "pinned_host_gib": _pinned_host_gib() if device_type == "cuda" else None,
-        "checkpoint_load_s": engine.load_s,
-        "checkpoint_load_gib": engine.load_bytes / 2**30,
-        # train.offload_layers: saved activations this rank copied to host memory per step (and back)
-        "activation_offload_gib_per_step": (engine.offloaded_bytes() - offloaded_before) / max(step, 1) / 2**30,
-        # ... and what offloaded layers kept on the device because it is a tensor subclass
-        "activation_offload_kept_gib_per_step":
-            (engine.offloaded_bytes(kept_subclasses=True) - kept_before) / max(step, 1) / 2**30,
-        "layout": layout_string(p),
-        "placement": Layout.of(p).placement(int(os.environ.get("LOCAL_WORLD_SIZE", world))),
-        "world_size": world,
-        "hardware": hw,
-        "division": spec.mlperf.division,
-        "comparable": spec.mlperf.comparable,
-        "mllog": str(ctx.out_dir / "mllog.txt"),
-        "adapter": adapter_dir,
-        "model_dir": model_dir,
-        "out_dir": str(ctx.out_dir),
-        "seed": t.seed,
-    }
+    def close_log(self, outcome: _Outcome) -> None:
+        """A run that did not reach its target stops the clock here, aborted, with the reason."""
+        if outcome.status == "success":
+            return
+        t, e = self.spec.train, self.spec.eval
+        outcome.stop_time = time.perf_counter()
+        last = outcome.final_eval
+        outcome.reason = outcome.reason or (
+            f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
+            f"({outcome.evals_done} evals, last {last if last is None else round(last, 4)})")
+        samples = outcome.last_step * t.global_batch_size
+        self.log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=samples / len(self.train_split))
+        self.log.end(KEYS.RUN_STOP, last, samples_count=samples, status="aborted")
+
+    def memory_peaks(self) -> tuple[float, float, torch.Tensor]:
+        """(peak memory GiB, optimizer state GiB, [reserved GiB, allocator retries]): each the largest rank's."""
+        device, device_type = self.device, self.device_type
+        peak_mem = torch.tensor([_peak_mem_gib(device_type)], dtype=torch.float64, device=device)
+        dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+        opt_state = torch.tensor([optimizer_state_bytes(self.opt) / 2**30], dtype=torch.float64, device=device)
+        dist.all_reduce(opt_state, op=dist.ReduceOp.MAX)
+        # what the caching allocator reserved, and how often it had to free its cache and retry (each
+        # retry synchronises the device: a run near its memory limit loses its host/GPU overlap there)
+        allocator = torch.cuda.memory_stats() if device_type == "cuda" else {}
+        reserved = torch.tensor([allocator.get("reserved_bytes.all.peak", 0) / 2**30,
+                                 allocator.get("num_alloc_retries", 0)], dtype=torch.float64, device=device)
+        dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
+        return float(peak_mem.item()), float(opt_state.item()), reserved
+
+    def export(self) -> tuple[str | None, str | None]:
+        """(adapter dir, model dir): the trained LoRA adapters and, with train.save_final_model, the
+        (base) weights as a Hugging Face checkpoint; written by rank 0, gathered by every rank."""
+        spec, out_dir = self.spec, self.ctx.out_dir
+        adapter_dir = model_dir = None
+        if spec.lora.enabled:
+            adapters = self.engine.gather(only_adapters=True)
+            if self.rank == 0:
+                adapter_dir = str(out_dir / "adapter")
+                ckpt.save_peft_adapter(adapters, spec.lora, adapter_dir, spec.model.path)
+        if spec.train.save_final_model:
+            state = self.engine.gather(base_only=True)
+            if self.rank == 0:
+                model_dir = str(out_dir / "model")
+                ckpt.save_hf_checkpoint(state, spec.model, model_dir)
+        return adapter_dir, model_dir
+
+    def summarize(self, outcome: _Outcome) -> RunSummary:
+        spec, ctx, p, t = self.spec, self.ctx, self.spec.parallel, self.spec.train
+        peak_mem, opt_state, reserved = self.memory_peaks()
+        adapter_dir, model_dir = self.export()
+        step_time, tps, tps_gpu = steady_throughput(self.clock.times(), self.tokens_per_step, self.world)
+        cuda = self.device_type == "cuda"
+        steps = max(outcome.last_step, 1)
+        success = outcome.status == "success"
+        return RunSummary(
+            run_id=ctx.run_id, workload=spec.workload, status=outcome.status,
+            status_reason=outcome.reason,
+            time_to_train_s=(outcome.stop_time - self.run_start) if success else None,
+            samples_to_target=outcome.samples_to_target, final_eval_loss=outcome.final_eval, target=spec.eval.target,
+            evals=ctx.evals, steps=outcome.last_step, step_time_s=step_time, tokens_per_s=tps,
+            tokens_per_s_per_gpu=tps_gpu, model_flops_per_token=self.flops_per_token,
+            model_tflops_per_gpu=self.flops_per_token * tps_gpu / 1e12,
+            mfu=metrics.mfu(self.flops_per_token, tps_gpu, self.peak), peak_flops=self.peak, peak_mem_gib=peak_mem,
+            peak_mem_kind="max GPU memory allocated" if cuda else "max process RSS (CPU)",
+            peak_reserved_gib=float(reserved[0]) if cuda else None, optimizer=t.optimizer,
+            optimizer_state_gib=opt_state, cuda_alloc_retries=int(reserved[1]) if cuda else None,
+            cuda_alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if cuda else None,
+            pinned_host_gib=_pinned_host_gib() if cuda else None,
+            checkpoint_load_s=self.engine.load_s, checkpoint_load_gib=self.engine.load_bytes / 2**30,
+            activation_offload_gib_per_step=(self.engine.offloaded_bytes() - self.offloaded_before) / steps / 2**30,
+            activation_offload_kept_gib_per_step=(self.engine.offloaded_bytes(kept_subclasses=True)
+                                                  - self.kept_before) / steps / 2**30,
+            layout=layout_string(p), placement=Layout.of(p).placement(int(os.environ.get("LOCAL_WORLD_SIZE", self.world))),
+            world_size=self.world, hardware=self.hw, division=spec.mlperf.division, comparable=spec.mlperf.comparable,
+            mllog=str(ctx.out_dir / "mllog.txt"), adapter=adapter_dir, model_dir=model_dir, out_dir=str(ctx.out_dir),
+            seed=t.seed,
+        )
 
 
 def _test_stall(rank: int, step: int) -> None:
@@ -607,24 +683,3 @@ def apply_cuda_alloc_conf(spec: RunSpec) -> None:
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-
-
-def worker_main(argv: list[str] | None = None) -> int:
-    """Entry point of each process torchrun starts: ``python -m trainperf.train.loop RUN_DIR``."""
-    argv = sys.argv[1:] if argv is None else argv
-    run_dir = Path(argv[0])
-    launch = json.loads((run_dir / "launch.json").read_text())
-    spec = RunSpec.from_dict(launch["spec"])
-    ctx = RunContext(run_id=launch["run_id"], out_dir=run_dir, db_path=launch["db_path"],
-                     progress=launch.get("progress", False))
-    try:
-        train(spec, ctx)
-        dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())

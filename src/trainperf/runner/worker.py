@@ -1,0 +1,34 @@
+"""Entry point of each process torchrun starts for ``run``: ``python -m trainperf.runner.worker RUN_DIR``.
+RUN_DIR/launch.json holds the spec, the run id and the store; the launcher made the run's row."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from trainperf.core.spec import RunSpec
+from trainperf.runner.local import run_hooks
+from trainperf.train.loop import RunContext, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    launch = json.loads((run_dir / "launch.json").read_text())
+    spec = RunSpec.from_dict(launch["spec"])
+    ctx = RunContext(run_id=launch["run_id"], out_dir=run_dir, db_path=launch["db_path"],
+                     progress=launch.get("progress", False), hooks=run_hooks())
+    try:
+        train(spec, ctx)
+        dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
