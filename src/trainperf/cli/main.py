@@ -13,7 +13,19 @@ import argparse
 import json
 import sys
 
-from trainperf.cli import data, demo, plan, preflight, report, run, score, sweep, trace, tune, workloads
+from trainperf.cli import (
+    data,
+    demo,
+    plan,
+    preflight,
+    report,
+    run,
+    score,
+    sweep,
+    trace,
+    tune,
+    workloads,
+)
 from trainperf.cli.errors import EXIT_BAD_INPUT, bad_input
 
 # in `trainperf --help` order
@@ -43,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_ARGV)
     import sqlite3  # only once the arguments parsed: `trainperf --help` starts without it
 
-    from trainperf.store.db import StoreError  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import StoreError
 
     try:
         return COMMANDS[args.command].run(args)
@@ -57,7 +70,3 @@ def main(argv: list[str] | None = None) -> int:
             return bad_input(f"results store {db!r} is damaged ({exc}); restore it from a backup or give another "
                              "--db", getattr(args, "json", False))
         return bad_input(f"results store {db!r}: {exc}", getattr(args, "json", False))  # e.g. disk full, I/O error
-
-
-if __name__ == "__main__":
-    sys.exit(main())

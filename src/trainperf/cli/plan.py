@@ -66,7 +66,8 @@ class Ranking:
 
 
 def run(args) -> int:
-    from trainperf.store.db import StoreError  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import StoreError
 
     try:
         headroom = memory_headroom(args)
@@ -90,10 +91,17 @@ def run(args) -> int:
 
 def _search(args, headroom: float) -> Ranking:
     """Every valid layout ranked; SpecError on bad input, before the GPU file or the store is read."""
-    from trainperf.core.resolve import resolve_spec  # YAML/TOML parsing loads only when a spec is resolved
-    from trainperf.plan.hardware import load_gpu  # the planner loads only when a plan is asked for, not for --help
-    from trainperf.plan.search import plan  # (the planner, likewise)
-    from trainperf.workloads import get_workload  # torch and the model load only when a plan is asked for
+    # the YAML/TOML readers load only when a spec is resolved, not for --help
+    from trainperf.core.resolve import resolve_spec
+
+    # the GPU presets load only when a plan is asked for
+    from trainperf.plan.hardware import load_gpu
+
+    # the search over layouts loads only when a plan is asked for
+    from trainperf.plan.search import plan
+
+    # the workload registry imports torch and the model: only when a plan is asked for
+    from trainperf.workloads import get_workload
 
     if args.gpus < 1:
         raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
@@ -116,7 +124,8 @@ def _search(args, headroom: float) -> Ranking:
 
 def _measured_gpu(gpu, db: str):
     """(the GPU with the newest preflight's measured figures, a note naming them), or (gpu, None)."""
-    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError
 
     try:
         store = Store(db)
@@ -158,7 +167,8 @@ def _save(args, ranking: Ranking) -> None:
     """Give the layouts ids of this plan and store the shown ones (for `run --layout-from-plan`)."""
     import secrets
 
-    from trainperf.store.db import Store  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store
 
     plan_key = secrets.token_hex(3)
     for c in ranking.fits:
@@ -268,8 +278,13 @@ def _print_next_steps(console, args, ranking: Ranking) -> None:
 def calibrate(args) -> int:
     """``plan --calibrate GPU_YAML``: fit the model to the stored runs of --gpu and write the fitted GPU."""
     # the planner's fit loads only when it is asked for, not for --help
-    from trainperf.plan.calibrate import calibrate as fit_gpu, summary, write_gpu_yaml
-    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
+    from trainperf.plan.calibrate import calibrate as fit_gpu
+
+    # (the same module's report helpers)
+    from trainperf.plan.calibrate import summary, write_gpu_yaml
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError
 
     try:
         store = Store(args.db)

@@ -151,7 +151,8 @@ def _launch(req: dict, nproc: int, run_dir: Path) -> dict:
 
 
 def run(args) -> int:
-    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import StoreError, check_store_path
 
     try:
         req, nproc, external = build_request(args)
@@ -233,7 +234,8 @@ def _store(result: dict, preflight_id: str, db: str | None) -> str | None:
     store problem loses nothing."""
     if not db:
         return None
-    from trainperf.store.db import Store, StoreError  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError
 
     try:
         store = Store(db)

@@ -21,8 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from trainperf.report.table import print_table, rows_for_json  # rich loads only for a report, not for --help
-    from trainperf.store.db import Store, StoreError, require_existing_store  # sqlite3 loads only when a command runs, not for --help
+    # rich loads only for a report, not for --help
+    from trainperf.report.table import print_table, rows_for_json
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store
 
     if args.limit < 1:
         return bad_input(f"--limit {args.limit}: give the number of newest runs to show (>= 1)", args.json)

@@ -67,7 +67,8 @@ def _print_summary(summary: dict) -> None:
 
 def _apply_plan(args, workload: str) -> None:
     """Put a stored plan's layout in front of the user's own --set overrides (which still win)."""
-    from trainperf.store.db import Store  # sqlite3 loads only when a command runs, not for --help
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store
 
     store = Store(args.db)
     row = store.get_plan(args.layout_from_plan)
@@ -89,7 +90,9 @@ def _apply_plan(args, workload: str) -> None:
 def run(args, workload: str | None = None) -> int:
     # torch and the model load only when a run starts, not for --help
     from trainperf.runner import local
-    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import StoreError, check_store_path
 
     workload = workload or args.workload
     t0 = time.perf_counter()

@@ -29,7 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     # the MLPerf rules and RCP tables load only when a score is asked for, not for --help
-    from trainperf.mlperf.score import export_package, gather_runs, print_score, score_runs
+    from trainperf.mlperf.score import (
+        export_package,
+        gather_runs,
+        print_score,
+        score_runs,
+    )
 
     try:
         runs = gather_runs(args.inputs, db=args.db, workload=args.workload, last=args.last, ruleset=args.ruleset)

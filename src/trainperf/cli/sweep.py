@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     # the sweep runner loads only when a sweep runs, not for --help
     from trainperf.runner import sweep
-    from trainperf.store.db import Store, StoreError, require_existing_store  # sqlite3 loads only when a command runs, not for --help
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store
 
     try:
         if args.target == "status":

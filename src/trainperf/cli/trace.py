@@ -59,7 +59,8 @@ def trace_overrides(args) -> list[str]:
 
 
 def loop_has_hook() -> bool:
-    from trainperf.core.spec import TrainSpec  # the spec's dataclasses load only when a trace runs, not for --help
+    # the spec's dataclasses load only when a trace runs, not for --help
+    from trainperf.core.spec import TrainSpec
 
     return "profile_steps" in {f.name for f in dataclasses.fields(TrainSpec)}
 
@@ -80,7 +81,9 @@ def run(args) -> int:
         return bad_input("this trainperf's training loop has no profiler hook yet (train.profile_steps)", args.json)
     # torch and the model load only when a traced run starts, not for --help
     from trainperf.runner import local
-    from trainperf.store.db import StoreError, check_store_path  # sqlite3 loads only when a command runs, not for --help
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import StoreError, check_store_path
 
     db = args.db or str(Path(args.out) / "trace.db")
     try:

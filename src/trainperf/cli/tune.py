@@ -51,11 +51,20 @@ def _check_trial_host(base, gpus: int) -> None:
 
 
 def run(args) -> int:
-    from trainperf.core.resolve import resolve_spec  # YAML/TOML parsing loads only when a spec is resolved
-    from trainperf.plan.hardware import load_gpu  # the planner loads only when tune runs, not for --help
-    from trainperf.plan.search import plan  # (the planner, likewise)
-    from trainperf.runner.tune import successive_halving  # the trial runner, likewise only when tune runs
-    from trainperf.workloads import get_workload  # torch and the model load only when tune runs
+    # the YAML/TOML readers load only when a spec is resolved, not for --help
+    from trainperf.core.resolve import resolve_spec
+
+    # the GPU presets load only when tune runs
+    from trainperf.plan.hardware import load_gpu
+
+    # the planner's search ranks the layouts to try: loaded only when tune runs
+    from trainperf.plan.search import plan
+
+    # the trial runner loads only when tune runs
+    from trainperf.runner.tune import successive_halving
+
+    # the workload registry imports torch and the model: only when tune runs
+    from trainperf.workloads import get_workload
 
     try:
         headroom = memory_headroom(args)
