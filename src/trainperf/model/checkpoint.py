@@ -202,13 +202,13 @@ class _TensorReader:
 
 def to_storage(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
     """A full tensor in checkpoint order -> the order the model stores it in. The identity, except
-    where a parallel layout registered ``model._storage_transforms`` (TP-sharded fused qkv)."""
-    fns = getattr(model, "_storage_transforms", {}).get(name)
+    where the model says otherwise (``LlamaForCausalLM.storage_transforms``: a TP-sharded fused qkv)."""
+    fns = model.storage_transforms(name)
     return fns[0](full) if fns else full
 
 
 def from_storage(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
-    fns = getattr(model, "_storage_transforms", {}).get(name)
+    fns = model.storage_transforms(name)
     return fns[1](full) if fns else full
 
 
@@ -221,7 +221,7 @@ def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | No
 
     if not isinstance(param, DTensor) or name not in reader.index.tensors:
         return None
-    if name in getattr(reader.model, "_storage_transforms", {}):
+    if reader.model.storage_transforms(name) is not None:
         return None
     if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None

@@ -12,13 +12,16 @@ The adapters (rank 16) stay in bf16: their GEMMs are too thin for float8 to pay.
 
 ``hardware.frozen_dtype = fp8`` (LoRA, tensorwise) also *stores* those frozen weights in float8:
 quantised once, from the full tensor, exactly as the per-use dynamic cast would (the weight is
-frozen, so its amax and scale never change), with the scale kept beside it (``weight_scale``). Half
+frozen, so its amax and scale never change), with the scale kept beside it (``weight_scale``, a
+buffer the module registers when it is built that way: ``stored_frozen_weight``). Half
 the bytes per shard; FSDP2 gathers them in its compute dtype under bf16 mixed precision (bf16 holds
 every float8 value exactly) and the matmul re-types them to float8 with the stored scale -- the
 dynamic path's values without its amax pass (bit-identical losses on CPU; not yet run on a GPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -135,40 +138,43 @@ def frozen_linear(x: torch.Tensor, weight: torch.Tensor, float8, scale: torch.Te
     return FrozenFloat8Matmul.apply(x, weight, *float8, scale)
 
 
+@functools.cache
+def float8_gemm(recipe: str, emulate: bool):
+    """(mm config, torchao config) of a recipe, or None for "none": one pair per recipe, shared by
+    every module, so compiled layers guard on the same objects."""
+    if recipe == "none":
+        return None
+    config = float8_config(recipe, emulate)
+    return linear_mm_config(config), config
+
+
+def stored_frozen_weight(weight: nn.Parameter, quantised_from: torch.dtype | None):
+    """(weight, scale) as a frozen projection keeps them: as given with no scale, or -- stored in
+    float8 (hardware.frozen_dtype=fp8; ``quantised_from``: the dtype the per-use dynamic cast would
+    have quantised from) -- a float8 parameter and its scale, written when the weights are."""
+    if quantised_from is None:
+        return weight, None
+    return (nn.Parameter(torch.empty_like(weight, dtype=FLOAT8_STORAGE), requires_grad=False),
+            torch.ones((), dtype=torch.float32, device=weight.device))
+
+
 class FrozenFloat8Linear(nn.Linear):
-    """A frozen nn.Linear whose GEMM runs in float8 (``_float8`` = (mm config, config)). Swapped in by
-    class, not by a per-instance ``forward``: compiled layers would guard on each instance's forward
-    and recompile per layer."""
+    """A frozen projection whose GEMM runs in float8 (``float8_gemm`` = (mm config, config)), built from
+    the nn.Linear it replaces (same weight, same name). A class of its own rather than a per-instance
+    ``forward``: compiled layers would guard on each instance's forward and recompile per layer. An
+    nn.Linear still, so tensor parallel's styles place it."""
+
+    def __init__(self, linear: nn.Linear, float8_gemm, float8_stored_from: torch.dtype | None = None):
+        with torch.device("meta"):  # the weight is the given one's: allocate and draw nothing here
+            super().__init__(linear.in_features, linear.out_features, bias=False)
+        self.float8_gemm = float8_gemm
+        self.float8_stored_from = float8_stored_from
+        weight, scale = stored_frozen_weight(linear.weight, float8_stored_from)
+        self.weight = weight
+        self.register_buffer("weight_scale", scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
-
-
-def apply_float8(model: nn.Module, recipe: str, emulate: bool = False) -> int:
-    """Float8 GEMMs in every decoder layer (the embedding and LM head stay bf16); returns how many
-    Linears were converted. Call on the meta model before tensor parallel, compile and FSDP.
-    ``emulate``: on CPU (see float8_config)."""
-    if recipe == "none":
-        return 0
-    from trainperf.model.lora import LoRALinear
-
-    config = float8_config(recipe, emulate)
-    layers = model.model.layers
-    # LoRA adapters (lora_A / lora_B) train, so they are never in this list
-    frozen = [m for m in layers.modules() if isinstance(m, LoRALinear)
-              or (isinstance(m, nn.Linear) and not m.weight.requires_grad)]
-    if frozen:  # LoRA: frozen base GEMMs without a weight gradient; adapters stay bf16
-        mm = linear_mm_config(config)
-        for m in frozen:
-            m._float8 = (mm, config)
-            if not isinstance(m, LoRALinear):
-                m.__class__ = FrozenFloat8Linear
-        return len(frozen)
-    from torchao.float8 import convert_to_float8_training
-
-    before = sum(isinstance(m, nn.Linear) for m in layers.modules())
-    convert_to_float8_training(layers, config=config)
-    return before
+        return frozen_linear(x, self.weight, self.float8_gemm, self.weight_scale)
 
 
 def float8_frozen_linears(model: nn.Module) -> list[nn.Module]:
@@ -180,27 +186,43 @@ def float8_frozen_linears(model: nn.Module) -> list[nn.Module]:
             or (isinstance(m, nn.Linear) and not m.weight.requires_grad)]
 
 
-def store_frozen_weights_in_float8(model: nn.Module, hp_dtype: torch.dtype) -> int:
-    """Re-type the frozen decoder-layer weights of a meta model to float8, each with a ``weight_scale``
-    buffer; ``hp_dtype``: the dtype the per-use dynamic cast would have quantised from (the base's
-    storage dtype otherwise), so the stored values are what that cast makes. Returns the count."""
-    linears = float8_frozen_linears(model)
-    for m in linears:
-        m.weight = nn.Parameter(torch.empty_like(m.weight, dtype=FLOAT8_STORAGE), requires_grad=False)
-        m.register_buffer("weight_scale", torch.ones((), dtype=torch.float32, device=m.weight.device))
-        m._float8_hp_dtype = hp_dtype
-    return len(linears)
+def apply_float8(model: nn.Module) -> int:
+    """Float8 GEMMs in every decoder layer as ``model.options.fp8`` asks (the embedding and LM head stay
+    bf16); returns how many Linears run them. Part of building the model (LlamaForCausalLM), after
+    LoRA: LoRA layers are built with their float8 GEMM already (model/lora.py); the other frozen
+    projections are rebuilt as FrozenFloat8Linear; without frozen projections (full training)
+    torchao's Float8Linear replaces every decoder Linear."""
+    options = model.options
+    gemm = float8_gemm(options.fp8, options.emulate_fp8)
+    if gemm is None:
+        return 0
+    frozen = float8_frozen_linears(model)
+    if frozen:  # LoRA: frozen base GEMMs without a weight gradient; adapters stay bf16
+        from trainperf.model.lora import LoRALinear
+
+        plain = {id(m) for m in frozen if not isinstance(m, (LoRALinear, FrozenFloat8Linear))}
+        for name, m in list(model.model.layers.named_modules()):
+            if id(m) in plain:
+                parent, _, leaf = name.rpartition(".")
+                setattr(model.model.layers.get_submodule(parent), leaf,
+                        FrozenFloat8Linear(m, gemm, options.frozen_float8_from))
+        return len(frozen)
+    from torchao.float8 import convert_to_float8_training
+
+    layers = model.model.layers
+    before = sum(isinstance(m, nn.Linear) for m in layers.modules())
+    convert_to_float8_training(layers, config=gemm[1])
+    return before
 
 
 def write_float8_weight(model: nn.Module, name: str, param: torch.Tensor, full: torch.Tensor) -> None:
     """Quantise the whole weight ``full`` (storage order) and write this rank's block of it into the
     float8 parameter ``name``, its scale into the owner's ``weight_scale`` (every rank computes the
-    same scale from the same whole tensor: no collective). The recipe is the one apply_float8 gave
-    the owner (parallelize runs before weights are written)."""
+    same scale from the same whole tensor: no collective), with the recipe the owner was built with."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     owner = model.get_submodule(name.rpartition(".")[0])
-    data, scale = quantize_frozen_weight(full.to(param.device, owner._float8_hp_dtype), owner._float8[1])
+    data, scale = quantize_frozen_weight(full.to(param.device, owner.float8_stored_from), owner.float8_gemm[1])
     if isinstance(param, DTensor):
         data = distribute_tensor(data, param.device_mesh, param.placements, src_data_rank=None).to_local()
         param = param.to_local()
@@ -211,4 +233,4 @@ def write_float8_weight(model: nn.Module, name: str, param: torch.Tensor, full: 
 def dequantize_float8_weight(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
     """A whole float8-stored weight back in the base's dtype (what the GEMMs saw, not the original)."""
     owner = model.get_submodule(name.rpartition(".")[0])
-    return (full.to(torch.float32) / owner.weight_scale.to(full.device)).to(owner._float8_hp_dtype)
+    return (full.to(torch.float32) / owner.weight_scale.to(full.device)).to(owner.float8_stored_from)

@@ -33,9 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.core.spec import ModelSpec
+from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.model.flash4 import causal_attention
-from trainperf.model.lora import project
+from trainperf.model.float8 import apply_float8
+from trainperf.model.lora import apply_lora, project
+from trainperf.model.options import ModelOptions
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +83,7 @@ def attention_backends(device_type: str):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, kernel: str = "sdpa", repeat_kv: bool = False):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_out, kv_out = self.n_heads * self.head_dim, self.n_kv * self.head_dim
@@ -93,8 +95,8 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
             self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=False)
-        self.repeat_kv = False
-        self.kernel = "sdpa"  # or "flash4" (hardware.attention; set by parallelize.apply_attention_kernel)
+        self.kernel = kernel  # "sdpa" or "flash4" (ModelOptions.attention)
+        self.repeat_kv = repeat_kv  # context parallel's ring attention takes no enable_gqa
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
@@ -138,10 +140,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, options: ModelOptions):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, options.attention, options.repeat_kv)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -151,13 +153,13 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    def __init__(self, cfg: ModelSpec, options: ModelOptions):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         # a dict keyed "0".."N-1" names parameters exactly as a ModuleList would, and lets a pipeline
         # stage drop the layers it does not own without renaming the rest
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, options) for i in range(cfg.num_layers)})
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,11 +177,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelSpec):
+    """``options``: the kernels and weight forms the layers use (model/options.py); ``lora``: LoRA
+    adapters on the targeted projections, the rest frozen (model/lora.py). Float8 GEMMs, when
+    ``options.fp8`` asks for them, are part of the build (model/float8.py), so every later step --
+    tensor parallel, compile, FSDP2 -- sees the final modules."""
+
+    def __init__(self, cfg: ModelSpec, options: ModelOptions = ModelOptions(), lora: LoRASpec | None = None):
         super().__init__()
-        self.cfg = cfg
-        self.model = LlamaModel(cfg)
+        self.cfg, self.options = cfg, options
+        self.model = LlamaModel(cfg, options)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if lora is not None:
+            apply_lora(self, lora)
+        apply_float8(self)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 label_mask: torch.Tensor | None = None, loss_chunk_tokens: int = 0) -> torch.Tensor:
@@ -194,11 +204,34 @@ class LlamaForCausalLM(nn.Module):
             return chunked_loss_sum(self.lm_head, h, labels, label_mask, loss_chunk_tokens)
         return self.lm_head(h)
 
+    def storage_transforms(self, name: str) -> tuple | None:
+        """(checkpoint order -> storage order, and back) for parameter ``name``, or None where the
+        two agree: a fused qkv_proj under tensor parallel (options.tp) is stored so that each TP rank's
+        contiguous Shard(0) block holds its own [q_r; k_r; v_r]."""
+        tp = self.options.tp
+        if tp == 1 or not (name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.lora_B.weight")):
+            return None
+        order = qkv_row_order(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim, tp)
+        inverse = torch.argsort(order)
+        return (lambda t: t[order.to(t.device)], lambda t: t[inverse.to(t.device)])
 
-def build_on_meta(cfg: ModelSpec) -> LlamaForCausalLM:
+
+def qkv_row_order(n_heads: int, n_kv: int, head_dim: int, tp: int) -> torch.Tensor:
+    """Row order of a fused [q; k; v] weight such that TP rank r's contiguous Shard(0) block holds
+    [q_r; k_r; v_r]. The full checkpoint tensor is permuted by this before sharding."""
+    q, kv = n_heads * head_dim, n_kv * head_dim
+    order = []
+    for r in range(tp):
+        order += list(range(r * q // tp, (r + 1) * q // tp))
+        order += list(range(q + r * kv // tp, q + (r + 1) * kv // tp))
+        order += list(range(q + kv + r * kv // tp, q + kv + (r + 1) * kv // tp))
+    return torch.tensor(order)
+
+
+def build_on_meta(cfg: ModelSpec, options: ModelOptions = ModelOptions(), lora: LoRASpec | None = None) -> LlamaForCausalLM:
     """Build the module tree without allocating memory; materialise later with ``to_empty``."""
     with torch.device("meta"):
-        return LlamaForCausalLM(cfg)
+        return LlamaForCausalLM(cfg, options, lora)
 
 
 def param_generator(seed: int, name: str, device) -> torch.Generator:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from trainperf.core.spec import LoRASpec
-from trainperf.model.float8 import frozen_linear
+from trainperf.model.float8 import float8_gemm, frozen_linear, stored_frozen_weight
 from trainperf.model.lora_kernel import MAX_ADAPTERS, shared_input_lora_a
 
 
@@ -50,21 +50,28 @@ def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+    """``kernel``: hardware.lora_kernel, torch (F.dropout, then A's GEMM) or fused (model/lora_kernel.py);
+    ``float8_gemm``: (mm config, torchao config) when the frozen base's GEMM runs in float8, else None;
+    ``float8_stored_from``: the base weight is stored in float8, quantised from this dtype
+    (model/float8.py)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float, kernel: str = "torch",
+                 float8_gemm=None, float8_stored_from: torch.dtype | None = None):
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.weight.requires_grad_(False)
+        base.weight.requires_grad_(False)
+        weight, scale = stored_frozen_weight(base.weight, float8_stored_from)
+        self.weight = weight
+        self.register_buffer("weight_scale", scale)
         device = base.weight.device
         self.lora_A = nn.Linear(self.in_features, rank, bias=False, device=device)
         self.lora_B = nn.Linear(rank, self.out_features, bias=False, device=device)
         nn.init.zeros_(self.lora_B.weight)  # PEFT's init: the adapter starts as a no-op
         self.dropout = dropout
         self.scaling = alpha / rank
-        self._float8 = None  # (mm config, torchao config) once hardware.fp8 is applied (model/float8.py)
-        # hardware.lora_kernel: torch (F.dropout, then A's GEMM) or fused (model/lora_kernel.py); set by
-        # parallelize.apply_lora_kernel
-        self.kernel = "torch"
+        self.kernel = kernel
+        self.float8_gemm = float8_gemm
+        self.float8_stored_from = float8_stored_from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fused_kernel_applies(x, (self,)):
@@ -77,7 +84,7 @@ class LoRALinear(nn.Module):
         return self.base(x) + self.adapter_b(F.linear(dropped, a))
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
-        return frozen_linear(x, self.weight, self._float8, getattr(self, "weight_scale", None))
+        return frozen_linear(x, self.weight, self.float8_gemm, self.weight_scale)
 
     def adapter_b(self, h: torch.Tensor) -> torch.Tensor:
         """The adapter's second half on A's output ``h``: (alpha / r) * B h."""
@@ -115,17 +122,21 @@ def project(x: torch.Tensor, modules) -> list[torch.Tensor]:
 
 
 def apply_lora(model: nn.Module, spec: LoRASpec) -> list[str]:
-    """Freeze every parameter, then swap each targeted Linear for a LoRALinear (adapters train).
+    """Freeze every parameter, then replace each targeted Linear by a LoRALinear (adapters train),
+    built with the model's options: its LoRA kernel, its frozen base's float8 GEMM and storage.
 
     Returns the qualified names of the wrapped modules."""
     for p in model.parameters():
         p.requires_grad_(False)
+    options = model.options
+    gemm = float8_gemm(options.fp8, options.emulate_fp8)
     wrapped = []
     for name, module in list(model.named_modules()):
         leaf = name.rsplit(".", 1)[-1]
         if isinstance(module, nn.Linear) and leaf in spec.target_modules:
             parent = model.get_submodule(name.rsplit(".", 1)[0])
-            setattr(parent, leaf, LoRALinear(module, spec.rank, spec.alpha, spec.dropout))
+            setattr(parent, leaf, LoRALinear(module, spec.rank, spec.alpha, spec.dropout, options.lora_kernel,
+                                             gemm, options.frozen_float8_from))
             wrapped.append(name)
     if not wrapped:
         raise ValueError(f"lora.target_modules={spec.target_modules} matched no Linear in the model")

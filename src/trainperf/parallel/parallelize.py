@@ -3,14 +3,18 @@ fixed order (torchtitan's):
 
     1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
     2. TP + SP          parallelize_module plans; LoRA-aware styles; loss-parallel output
-    3. CP               context_parallel() around each step (applied per step, see train/loop.py)
+    3. CP               context_parallel() around each step (applied per step, see train/engine.py;
+                        the model is built for it: ModelOptions.repeat_kv)
     4. recompute        activation checkpointing per decoder layer (none | selective | full), or
                         activation offload to pinned host memory (offload_layers, spread among them)
     5. compile          torch.compile per decoder layer
+                        (4 and 5: one LayerWrapper per decoder layer, parallel/layer_wrapper.py)
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
                         (skipped for one process with a bf16 LoRA base: runs_without_fsdp)
 
-The mesh's dims and every degree, group and stage count come from ``core.layout.Layout``.
+The mesh's dims and every degree, group and stage count come from ``core.layout.Layout``. Kernel
+choices (attention, LoRA kernel, float8 GEMMs) are the model's own, fixed when it is built
+(model/options.py): nothing here changes what a layer computes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainperf.core.layout import MESH_DIMS, Layout, layer_memory_modes, stages_per_rank
 from trainperf.core.spec import ParallelSpec, RunSpec
 from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
-from trainperf.model.float8 import apply_float8
+from trainperf.model.float8 import FLOAT8_STORAGE
+from trainperf.model.lora import LoRALinear, is_adapter_param
+from trainperf.parallel.layer_wrapper import LayerWrapper
 
 
 def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
@@ -78,8 +84,6 @@ def _lora_aware(style_cls, base_place, lora_a_place, lora_b_place, desired_input
     lora_B replicated. requires_grad is carried over, so frozen weights stay frozen."""
     from torch.distributed.tensor import distribute_module, distribute_tensor
 
-    from trainperf.model.lora import LoRALinear
-
     class Style(style_cls):
         def _apply(self, module, device_mesh):
             if not isinstance(module, LoRALinear):
@@ -123,6 +127,9 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
         parallelize_module,
     )
 
+    # a fused qkv_proj sharded by rows gives every rank its own slice of q, k and v only when the
+    # model stores it in that order (LlamaForCausalLM.storage_transforms)
+    assert model.options.tp == tp_mesh.size() or not model.cfg.fused_qkv, (model.options.tp, tp_mesh.size())
     Col, Row = _tp_styles()
     seq = Shard(1) if sequence_parallel else Replicate()
     frozen = {n: q.requires_grad for n, q in model.named_parameters()}
@@ -154,60 +161,6 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     # restore every flag so frozen weights stay frozen under LoRA.
     for n, q in model.named_parameters():
         q.requires_grad_(frozen[n])
-    # a fused qkv_proj sharded by rows must give every rank its own slice of q, k and v
-    if any(layer.self_attn.fused for layer in model.model.layers.values()):
-        model._storage_transforms = qkv_storage_transforms(model, tp_mesh.size())
-
-
-def qkv_row_order(n_heads: int, n_kv: int, head_dim: int, tp: int) -> torch.Tensor:
-    """Row order of a fused [q; k; v] weight such that TP rank r's contiguous Shard(0) block holds
-    [q_r; k_r; v_r]. The full checkpoint tensor is permuted by this before sharding."""
-    q, kv = n_heads * head_dim, n_kv * head_dim
-    order = []
-    for r in range(tp):
-        order += list(range(r * q // tp, (r + 1) * q // tp))
-        order += list(range(q + r * kv // tp, q + (r + 1) * kv // tp))
-        order += list(range(q + kv + r * kv // tp, q + kv + (r + 1) * kv // tp))
-    return torch.tensor(order)
-
-
-def qkv_storage_transforms(model: nn.Module, tp: int) -> dict[str, tuple]:
-    cfg = model.cfg
-    order = qkv_row_order(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp)
-    inverse = torch.argsort(order)
-    out = {}
-    for name, _ in model.named_parameters():
-        if name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.lora_B.weight"):
-            out[name] = (lambda t, o=order: t[o.to(t.device)], lambda t, i=inverse: t[i.to(t.device)])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. Context parallel
-
-def apply_cp(model: nn.Module) -> None:
-    """Prepare attention for PyTorch's context parallel: the sequence itself is sharded per step by
-    ``context_parallel()`` (train/engine.py), whose ring attention takes no ``enable_gqa`` -- so
-    grouped K/V heads are repeated up front."""
-    for layer in model.model.layers.values():
-        layer.self_attn.repeat_kv = True
-
-
-def apply_attention_kernel(model: nn.Module, kernel: str) -> None:
-    """hardware.attention: which kernel each decoder layer's causal attention calls (SDPA, or
-    FlashAttention-4's custom op, model/flash4.py). Validation has refused flash4 with context parallel."""
-    for layer in model.model.layers.values():
-        layer.self_attn.kernel = kernel
-
-
-def apply_lora_kernel(model: nn.Module, kernel: str) -> None:
-    """hardware.lora_kernel: how each LoRA layer runs its adapter's dropout and A (model/lora.py, the
-    fused kernel in model/lora_kernel.py). Validation has refused fused with tensor parallel."""
-    from trainperf.model.lora import LoRALinear
-
-    for module in model.modules():
-        if isinstance(module, LoRALinear):
-            module.kernel = kernel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,107 +212,92 @@ def _selective_policy(adapter_rank: int | None = None):
     return policy
 
 
-def _recomputed_forward(layer: nn.Module, context_fn, *args):
-    """Run a decoder layer under torch.utils.checkpoint (``context_fn``: selective's policy, one shared
-    by the layers). Patching ``forward`` keeps parameter names unchanged (``checkpoint_wrapper`` would
-    insert ``_checkpoint_wrapped_module`` into every name)."""
-    from torch.utils.checkpoint import checkpoint
-
-    if layer._recompute_mode == "full":  # checkpoint's default context; compiled, the forward is compiled inside
-        return checkpoint(layer._forward_plain, *args, use_reentrant=False)
-    return checkpoint(layer._forward_plain, *args, use_reentrant=False, context_fn=context_fn)
-
-
-def apply_activation_offload(model: nn.Module, modes: list[str], device: torch.device) -> None:
-    """The layers ``layer_memory_modes`` marks offload keep their saved activations in pinned host
-    memory between forward and backward instead of recomputing them (parallel/offload.py)."""
-    if "offload" not in modes:
-        return
-    from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
-
-    offloader = ActivationOffloader(device)
-    model._activation_offloader = offloader
-    layers = list(model.model.layers.values())
-    for index, (layer, mode) in enumerate(zip(layers, modes)):
-        if mode == "offload":
-            layer._forward_plain = layer.forward
-            layer._recompute_mode = "offload"
-            layer.forward = partial(_offloaded_forward, layer, offloader, index)
-    top = max(i for i, mode in enumerate(modes) if mode == "offload")
-    ahead = min(top + PREFETCH_DEPTH, len(layers) - 1)
-    if ahead > top:  # a module hook: outside any compiled forward or checkpoint, not run by recomputation
-        layers[ahead].register_forward_hook(offloader.fetch_top_ahead(top))
-
-
-def _offloaded_forward(layer: nn.Module, offloader, index: int, *args):
-    with offloader.layer_context(index, layer, args):
-        return layer._forward_plain(*args)
-
-
-def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1, others: str = "none",
-                                   offload: int = 0) -> None:
-    """train.recompute: none | selective (recompute pointwise ops) | full (recompute each layer);
-    ``n_layers`` >= 0 limits it to n of this model's (stage's) first decoder layers (Megatron's
-    recompute-num-layers), -1 applies it to all; ``others`` (train.recompute_others) is what the
-    remaining layers get: none (keep their activations) or selective. ``offload`` layers among the
-    first are offloaded instead (layer_memory_modes)."""
-    layers = list(model.model.layers.values())
-    modes = layer_memory_modes(len(layers), mode, n_layers, others, offload)
-    if not {"full", "selective"} & set(modes):
-        return
+def _selective_context_fns():
+    """A function (LoRA adapter rank or None -> selective checkpoint context_fn) that makes one
+    context_fn per rank, shared by the layers: compiled layers guard on its identity, so one per layer
+    would recompile each layer (and fail at dynamo's recompile limit)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    from trainperf.model.lora import LoRALinear
-
-    def selective_context_fn(adapter_rank):
-        policy = _selective_policy(adapter_rank)
-
-        # a plain function, not a functools.partial: dynamo inlines checkpoint only with a user
-        # function (or a partial of one) as context_fn
-        def context_fn():
-            return create_selective_checkpoint_contexts(policy)
-        return context_fn
-
-    # one context_fn per adapter rank, shared by the layers: compiled layers guard on its identity,
-    # so one per layer would recompile each layer (and fail at dynamo's recompile limit)
     shared: dict[int | None, object] = {}
-    for layer, layer_mode in zip(layers, modes):
-        if layer_mode not in ("full", "selective"):
-            continue
-        context_fn = None
-        if layer_mode == "selective":
-            rank = next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
-            if rank not in shared:
-                shared[rank] = selective_context_fn(rank)
-            context_fn = shared[rank]
-        layer._forward_plain = layer.forward
-        layer._recompute_mode = layer_mode
-        layer.forward = partial(_recomputed_forward, layer, context_fn)
+
+    def for_rank(rank: int | None):
+        if rank not in shared:
+            policy = _selective_policy(rank)
+
+            # a plain function, not a functools.partial: dynamo inlines checkpoint only with a user
+            # function (or a partial of one) as context_fn
+            def context_fn():
+                return create_selective_checkpoint_contexts(policy)
+            shared[rank] = context_fn
+        return shared[rank]
+
+    return for_rank
 
 
-def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
-    """Compile each decoder layer separately (fast compile, reused across identical layers: nothing
-    a layer's graph guards on may differ per layer). ``backend``: tests capture with aot_eager.
+def _adapter_rank(layer: nn.Module) -> int | None:
+    return next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
 
-    A fully recomputed layer keeps its checkpoint outside the compiled graph (checkpoint(compiled
-    forward)), and an offloaded layer its saved-tensor hooks (they apply when the compiled forward
-    saves its tensors, at run time). Traced inside, the checkpoint of a layer with float8 GEMMs kept
-    1.16 GiB per 70B layer of float8 copies on the H200 (1.28 GiB instead of the 0.125 GiB input, every full layer; the
-    recipe ran out of memory in its first forward), while the eager checkpoint around the compiled
-    forward drops whatever the graph saves, as it does for any function. Selective layers stay
-    compiled with their checkpoint inside: the policy has to see the graph's individual ops.
 
-    Random ops (LoRA dropout) run eager's kernels inside the graph (Inductor's ``fallback_random``):
+def _compile_options(backend: str) -> dict | None:
+    """Random ops (LoRA dropout) run eager's kernels inside the graph (Inductor's ``fallback_random``):
     Inductor's own Triton draws cost one Philox call per element, 0.14 ms per 7B dropout mask,
     while eager's kernel is bandwidth-bound; on one H200 the compiled 7B LoRA step gained 1.2%
     (docs/PERFORMANCE.md), and a compiled layer now drops exactly what the eager one drops."""
-    options = {"fallback_random": True} if backend == "inductor" else None
-    for layer in model.model.layers.values():
-        if getattr(layer, "_recompute_mode", None) in ("full", "offload"):
-            layer._forward_plain = torch.compile(layer._forward_plain, fullgraph=True, backend=backend,
-                                                 options=options)
+    return {"fallback_random": True} if backend == "inductor" else None
+
+
+def wrap_layers(model: nn.Module, modes: list[str], offloader=None, compile_backend: str | None = None) -> None:
+    """Steps 4 and 5: every decoder layer becomes a LayerWrapper that says how its forward runs --
+    ``modes`` (core.layout.layer_memory_modes: none | selective | full | offload per layer),
+    ``offloader`` (parallel/offload.py, for the offload layers) and ``compile_backend`` (None: eager).
+
+    Compiling: each decoder layer separately (fast compile, reused across identical layers: nothing
+    a layer's graph guards on may differ per layer). A fully recomputed layer keeps its checkpoint
+    outside the compiled graph (checkpoint(compiled forward)), and an offloaded layer its saved-tensor
+    hooks (they apply when the compiled forward saves its tensors, at run time). Traced inside, the
+    checkpoint of a layer with float8 GEMMs kept 1.16 GiB per 70B layer of float8 copies on the H200
+    (1.28 GiB instead of the 0.125 GiB input, every full layer; the recipe ran out of memory in its
+    first forward), while the eager checkpoint around the compiled forward drops whatever the graph
+    saves, as it does for any function. Selective layers stay compiled with their checkpoint inside:
+    the policy has to see the graph's individual ops."""
+    selective = _selective_context_fns()
+    layers = model.model.layers
+    for index, (name, mode) in enumerate(zip(list(layers.keys()), modes)):
+        layer = layers[name]
+        context_fn = selective(_adapter_rank(layer)) if mode == "selective" else None
+        layers[name] = LayerWrapper(layer, index, mode, context_fn, offloader if mode == "offload" else None,
+                                    compile_backend, _compile_options(compile_backend) if compile_backend else None)
+    if offloader is not None:
+        from trainperf.parallel.offload import PREFETCH_DEPTH
+
+        wrapped = list(layers.values())
+        top = max(i for i, mode in enumerate(modes) if mode == "offload")
+        ahead = min(top + PREFETCH_DEPTH, len(wrapped) - 1)
+        if ahead > top:  # a module hook: outside any compiled forward or checkpoint, not run by recomputation
+            wrapped[ahead].register_forward_hook(offloader.fetch_top_ahead(top))
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = -1, others: str = "none") -> None:
+    """train.recompute alone (no offload, no compile): none | selective (recompute pointwise ops) |
+    full (recompute each layer); ``n_layers`` >= 0 limits it to n of this model's (stage's) first
+    decoder layers (Megatron's recompute-num-layers), -1 applies it to all; ``others``
+    (train.recompute_others) is what the remaining layers get: none (keep their activations) or
+    selective."""
+    wrap_layers(model, layer_memory_modes(len(model.model.layers), mode, n_layers, others, 0))
+
+
+def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
+    """train.compile alone: each decoder layer compiled, keeping how it recomputes (if
+    apply_activation_checkpointing wrapped it). ``backend``: tests capture with aot_eager."""
+    layers = model.model.layers
+    for index, name in enumerate(list(layers.keys())):
+        layer = layers[name]
+        assert not (layer._forward_hooks or layer._forward_pre_hooks), "wrap_layers keeps a layer's hooks"
+        if isinstance(layer, LayerWrapper):
+            layers[name] = LayerWrapper(layer, index, layer.memory_mode, layer.context_fn, layer.offloader,
+                                        backend, _compile_options(backend))
         else:
-            layer.forward = torch.compile(layer.forward, fullgraph=True, backend=backend, options=options)
+            layers[name] = LayerWrapper(layer, index, compile_backend=backend, compile_options=_compile_options(backend))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,26 +323,25 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | No
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> None:
-    """Steps 2-6 on one model (or one pipeline stage) in place; float8 GEMMs (a module swap or a
-    flag on the frozen ones, model/float8.py) come first, so every later step sees the final modules."""
+def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: torch.dtype | None):
+    """Steps 2-6 on one model (or one pipeline stage) in place, built with its kernels and float8
+    GEMMs already (model/options.py). Returns the stage's activation offloader (None without
+    train.offload_layers): the engine reads how much it moved."""
     p, tr = spec.parallel, spec.train
-    apply_float8(model, spec.hardware.fp8, emulate=mesh.device_type != "cuda")  # no float8 GEMMs off GPU
-    apply_attention_kernel(model, spec.hardware.attention)
-    apply_lora_kernel(model, spec.hardware.lora_kernel)
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
-    if p.cp > 1:
-        apply_cp(model)
-    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
     modes = layer_memory_modes(len(model.model.layers), tr.recompute, tr.recompute_layers, tr.recompute_others,
                                tr.offload_layers)
-    apply_activation_offload(model, modes, device)
-    apply_activation_checkpointing(model, tr.recompute, tr.recompute_layers, tr.recompute_others, tr.offload_layers)
-    if tr.compile:
-        apply_compile(model)
+    offloader = None
+    if "offload" in modes:
+        from trainperf.parallel.offload import ActivationOffloader
+
+        cuda = mesh.device_type == "cuda"
+        offloader = ActivationOffloader(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+    wrap_layers(model, modes, offloader, "inductor" if tr.compile else None)
     if not runs_without_fsdp(model, mesh, param_dtype):
         apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
+    return offloader
 
 
 def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> bool:
@@ -416,9 +353,6 @@ def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dty
     float8 weight as stored."""
     if mesh.size() != 1 or param_dtype is None:
         return False
-    from trainperf.model.float8 import FLOAT8_STORAGE
-    from trainperf.model.lora import is_adapter_param
-
     params = list(model.named_parameters())
     trains = [name for name, q in params if q.requires_grad]
     return bool(trains) and all(is_adapter_param(name) for name in trains) \

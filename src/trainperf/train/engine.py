@@ -18,14 +18,11 @@ from torch import nn
 from trainperf.core.layout import Layout, grad_accum_steps, stages_per_rank
 from trainperf.core.spec import RunSpec
 from trainperf.model import checkpoint as ckpt
-from trainperf.model.float8 import (
-    FLOAT8_STORAGE,
-    store_frozen_weights_in_float8,
-    write_float8_weight,
-)
+from trainperf.model.float8 import FLOAT8_STORAGE, write_float8_weight
 from trainperf.model.llama import build_on_meta, init_full_tensor
-from trainperf.model.lora import apply_lora, is_adapter_param
+from trainperf.model.lora import is_adapter_param
 from trainperf.model.loss import masked_loss_sum, row_loss_sums, shift_targets
+from trainperf.model.options import ModelOptions
 from trainperf.parallel.parallelize import parallelize, split_for_pipeline
 
 
@@ -56,12 +53,26 @@ def frozen_storage_dtype(spec: RunSpec, param_dtype) -> torch.dtype | None:
     return None
 
 
+def model_options(spec: RunSpec, device: torch.device, param_dtype) -> ModelOptions:
+    """What the model is built with (model/options.py): the hardware section's kernels, float8 GEMMs
+    emulated off GPU, the float8-stored frozen weights' source dtype (the rest of the base's, as
+    store_frozen_base_in stores it, else fp32), and the layout's context and tensor parallel."""
+    h = spec.hardware
+    float8_from = None
+    if spec.lora.enabled and h.frozen_dtype == "fp8":
+        float8_from = frozen_storage_dtype(spec, param_dtype) or torch.float32
+    return ModelOptions(attention=h.attention, lora_kernel=h.lora_kernel, fp8=h.fp8,
+                        emulate_fp8=device.type != "cuda", frozen_float8_from=float8_from,
+                        repeat_kv=spec.parallel.cp > 1, tp=spec.parallel.tp)
+
+
 def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
     """Re-type the frozen (non-adapter) parameters of a meta model. Under FSDP2 mixed precision the
     compute copies are bf16 anyway, so a bf16-stored base computes exactly the same values while
-    halving its memory; only the adapters keep fp32 masters (FSDP2 wants the trainable ones uniform)."""
+    halving its memory; only the adapters keep fp32 masters (FSDP2 wants the trainable ones uniform).
+    Weights the model stores in float8 (hardware.frozen_dtype=fp8) stay so."""
     for full_name, q in list(model.named_parameters()):
-        if is_adapter_param(full_name) or q.dtype == dtype:
+        if is_adapter_param(full_name) or q.dtype in (dtype, FLOAT8_STORAGE):
             continue
         owner_name, _, leaf = full_name.rpartition(".")
         setattr(model.get_submodule(owner_name), leaf, nn.Parameter(q.to(dtype), requires_grad=False))
@@ -74,20 +85,22 @@ class Engine:
         self.pp = p.pp
         self.scale = Layout.of(p).loss_scale
         self.global_tokens = 1.0
-        model = build_on_meta(spec.model)
+        model = build_on_meta(spec.model, model_options(spec, device, param_dtype),
+                              spec.lora if spec.lora.enabled else None)
         if spec.lora.enabled:
-            apply_lora(model, spec.lora)
             frozen = frozen_storage_dtype(spec, param_dtype)
             if frozen is not None:
                 store_frozen_base_in(model, frozen)
-            if spec.hardware.frozen_dtype == "fp8":  # the decoder layers' frozen weights: float8 + scale
-                store_frozen_weights_in_float8(model, frozen or torch.float32)
         if p.pp > 1:
             self.parts = split_for_pipeline(model, p, mesh["pp"].get_local_rank())
         else:
             self.parts = [(0, model)]
+        # each part's activation offloader (train.offload_layers), for offloaded_bytes
+        self.offloaders = []
         for _, part in self.parts:
-            parallelize(part, spec, mesh, param_dtype)
+            offloader = parallelize(part, spec, mesh, param_dtype)
+            if offloader is not None:
+                self.offloaders.append(offloader)
             _materialise(part, spec, device)
         self.load_s, self.load_bytes = 0.0, 0
         if spec.model.path:  # untimed: before run_start
@@ -235,9 +248,7 @@ class Engine:
         """Bytes of saved activations this rank has copied to host memory so far (train.offload_layers),
         or with ``kept_subclasses`` those an offloaded layer had to keep on the device (DTensor and
         float8 tensor subclasses: eager tensor parallel, eager float8)."""
-        return sum(part._activation_offloader.stats.kept_subclass_bytes if kept_subclasses
-                   else part._activation_offloader.stats.bytes for _, part in self.parts
-                   if getattr(part, "_activation_offloader", None) is not None)
+        return sum(o.stats.kept_subclass_bytes if kept_subclasses else o.stats.bytes for o in self.offloaders)
 
     # -- export -----------------------------------------------------------------------------------
 
