@@ -20,7 +20,10 @@ import time
 
 import torch
 
-from common import append_json_line, has_cuda
+if __package__:  # imported as bench.lora_throughput
+    from .common import append_json_line, has_cuda
+else:  # run as a script: python bench/lora_throughput.py
+    from common import append_json_line, has_cuda
 from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec, TrainSpec
 from trainperf.core import flops as metrics
 from trainperf.model.loss import train_loss_sum

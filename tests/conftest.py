@@ -1,27 +1,61 @@
 """Shared test setup: a repo-local cache for generated datasets and base checkpoints (built once per
-machine, reused by later runs), the `gpu` marker skipped where no CUDA device is visible, and a
-one-process gloo group for tests that need torch.distributed in this process."""
+machine, reused by later runs), the tiers' markers, and a one-process gloo group for tests that need
+torch.distributed in this process.
+
+Tiers (one directory each): ``unit`` starts no process; ``integration`` starts processes (the CLI in a
+fresh interpreter, torchrun, multi-process gloo) and is marked ``integration`` here; ``gpu`` is marked
+``gpu`` and skipped where no CUDA device is visible; ``slurm`` installs and starts a real Slurm cluster
+(it changes the host) and is skipped unless selected with ``-m slurm`` or ``TRAINPERF_TEST_SLURM=1``.
+Helpers shared between tiers live in ``tests/fixtures``."""
 
 import os
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 os.environ.setdefault("TRAINPERF_CACHE", str(REPO / ".cache" / "trainperf"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+pytest_plugins = ["tests.fixtures.store"]  # its `db` fixture
 
+TIER_MARKERS = {"integration": "integration", "gpu": "gpu", "slurm": "slurm"}
+
+
+def _tier(item) -> str | None:
+    try:
+        rel = Path(str(item.path)).resolve().relative_to(TESTS)
+    except ValueError:
+        return None
+    return rel.parts[0] if len(rel.parts) > 1 else None
+
+
+def _slurm_selected(config) -> bool:
+    markexpr = config.getoption("markexpr", "") or ""
+    return os.environ.get("TRAINPERF_TEST_SLURM") == "1" or ("slurm" in markexpr and "not slurm" not in markexpr)
+
+
+@pytest.hookimpl(tryfirst=True)  # the tier markers must be on the items before -m selects by them
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = TIER_MARKERS.get(_tier(item) or "")
+        if marker and item.get_closest_marker(marker) is None:
+            item.add_marker(getattr(pytest.mark, marker))
+    if not _slurm_selected(config):
+        skip = pytest.mark.skip(reason="changes the host (installs and starts Slurm): run with -m slurm "
+                                       "or TRAINPERF_TEST_SLURM=1 (make test-slurm)")
+        for item in items:
+            if item.get_closest_marker("slurm") is not None:
+                item.add_marker(skip)
     import torch
 
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -38,24 +72,3 @@ def gloo_group():
         yield
     finally:
         dist.destroy_process_group()
-
-
-def trainperf_cmd(*args: str) -> list[str]:
-    """The CLI as a user runs it, in a fresh interpreter."""
-    return [sys.executable, "-m", "trainperf", *args]
-
-
-def two_adamw_steps(engine, vocab_size: int) -> list[float]:
-    """Two AdamW steps (lr 1e-2) of an engine on fixed random tokens, two micro-batches of 2 x 32 each;
-    the losses."""
-    import torch
-
-    opt = torch.optim.AdamW(engine.trainable, lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(2):
-        batches = [(torch.randint(0, vocab_size, (2, 32), generator=g), torch.ones(2, 32)) for _ in range(2)]
-        losses.append(float(engine.train_step(batches, global_tokens=4 * 31)))
-        opt.step()
-        opt.zero_grad()
-    return losses

@@ -1,6 +1,6 @@
 """GPU tests (marked `gpu`, skipped where no CUDA device is visible; CI has none).
 
-Run on a GPU machine with `python -m pytest -m gpu tests/test_gpu.py`; results go in the closing notes
+Run on a GPU machine with `python -m pytest -m gpu tests/gpu/test_gpu.py`; results go in the closing notes
 and docs/PERFORMANCE.md.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import trainperf_cmd
+from tests.fixtures.cli import trainperf_cmd
 
 pytestmark = pytest.mark.gpu
 

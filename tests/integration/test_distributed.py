@@ -1,6 +1,6 @@
 """Multi-process runs on CPU (gloo), through the CLI exactly as a user runs it.
 
-* (every parallel layout against one process: tests/test_layouts.py)
+* (every parallel layout against one process: tests/integration/test_layouts.py)
 * Both mini workloads reach their targets on 2 processes; their MLPerf logs pass the checker.
 * A run killed mid-way is stored as failed, never half-written.
 * `trainperf run` works when an external torchrun starts it as one rank of a job.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import trainperf_cmd
+from tests.fixtures.cli import trainperf_cmd
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import trainperf_cmd
-from trainperf.train.live_metrics import MetricsServer
+from tests.fixtures.cli import trainperf_cmd
 
 SHORT = ["--set", "hardware.device=cpu", "--set", "train.seed=3", "--set", "eval.every_samples=100000",
          "--set", "train.log_every=1"]
@@ -52,21 +51,6 @@ def test_a_rank_stalling_past_the_timeout_ends_the_run_as_hung(tmp_path):
     assert json.loads((tmp_path / "runs" / run_id / "progress.json").read_text())["step"] == 2
 
 
-def test_metrics_server_exposes_the_latest_step():
-    port = _free_port()
-    server = MetricsServer(port, "127.0.0.1", "r1", "mini")
-    try:
-        server.update(7, 0.5, 1234.0, 0.42, 3.5)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    finally:
-        server.close()
-    assert 'trainperf_step{run_id="r1",workload="mini"} 7.0' in text
-    assert 'trainperf_tokens_per_second_per_gpu{run_id="r1",workload="mini"} 1234.0' in text
-    assert 'trainperf_mfu{run_id="r1",workload="mini"} 0.42' in text
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)  # closed with the run
-
-
 def test_metrics_port_serves_while_a_run_trains(tmp_path):
     port = _free_port()
     proc = subprocess.Popen(trainperf_cmd("run", "mini-pretrain", "--json", "--db", str(tmp_path / "t.db"),
@@ -97,23 +81,3 @@ def test_bad_metrics_port_is_refused(tmp_path):
     out = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--json", "--db", str(tmp_path / "t.db"),
                                        "--metrics-port", "70000"), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "metrics_port" in json.loads(out.stdout)["error"]
-
-
-def test_a_metrics_address_that_cannot_be_served_is_refused_before_launch():
-    """Checked in prepare: the server binds it only after the model is built."""
-    import socket
-
-    import pytest
-
-    from trainperf.runner.local import check_metrics_endpoint
-    from trainperf.core.errors import SpecError
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(SpecError, match=f"train.metrics_port={port} on 127.0.0.1: cannot listen there"):
-            check_metrics_endpoint("127.0.0.1", port)
-    check_metrics_endpoint("127.0.0.1", port)  # free again
-    with pytest.raises(SpecError, match="train.metrics_host='999.1.1.1' does not resolve"):
-        check_metrics_endpoint("999.1.1.1", port)

@@ -4,7 +4,7 @@ For each layout, with LoRA (mini-lora) and without (mini-pretrain), three optimi
 CLI: the per-step losses match the single-process run within 1e-4 (fp32), and so does the eval loss after step 2; with LoRA the frozen base
 weights after training are bit-identical to the checkpoint, every adapter B matrix moved off zero,
 and the exported PEFT adapter matches the single-process one. Context parallel needs CUDA (torch
-2.13 has no CPU kernels for its attention backward): see tests/test_gpu.py.
+2.13 has no CPU kernels for its attention backward): see tests/gpu/test_gpu.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import trainperf_cmd
+from tests.fixtures.cli import trainperf_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -196,28 +196,11 @@ def test_sharded_checkpoint_load_reads_only_local_blocks(tmp_path, references):
     assert 0 < read <= 0.55 * full, (read, full)
 
 
-def test_partial_recompute_wraps_only_the_first_layers():
-    from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.parallel.parallelize import apply_activation_checkpointing
-    from trainperf.core.spec import ModelSpec
-
-    model = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
-                                       num_kv_heads=2))
-    apply_activation_checkpointing(model, "full", 3)
-    wrapped = [hasattr(layer, "_forward_plain") for layer in model.model.layers.values()]
-    assert wrapped == [True, True, True, False]
-    hybrid = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
-                                        num_kv_heads=2))
-    apply_activation_checkpointing(hybrid, "full", 1, others="selective")
-    modes = [layer._recompute_mode for layer in hybrid.model.layers.values()]
-    assert modes == ["full", "selective", "selective", "selective"]
-
-
 def test_float8_lora_run_trains_close_to_the_reference(tmp_path, references):
     """hardware.fp8=tensorwise (torchao; CPU emulation of the scaled matmuls) through the CLI and the
     engine: LoRA's frozen base via our no-weight-gradient float8 matmul -- losses within float8 rounding
     of the reference, and different from it (the float8 path really ran). Full training's torchao path:
-    tests/test_model.py."""
+    tests/unit/test_model.py."""
     pytest.importorskip("torchao")
     run = run_three_steps(tmp_path, "mini-lora", 1, ["parallel.dp_shard=1", "hardware.fp8=tensorwise",
                                                       "eval.every_samples=1000000"])

@@ -1,6 +1,6 @@
 """CPU tests of hardware.attention=flash4: the custom op's plumbing and the model's (batch, seq, heads,
 head_dim) path, with FlashAttention-4's kernels replaced by an exact reference of the same calling
-convention (the real kernels need a Hopper/Blackwell GPU: tests/test_gpu.py runs them); and the
+convention (the real kernels need a Hopper/Blackwell GPU: tests/gpu/test_gpu.py runs them); and the
 validation that refuses flash4 where it cannot run, before any work."""
 
 from __future__ import annotations

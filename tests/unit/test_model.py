@@ -663,7 +663,7 @@ def test_float8_stored_base_loads_a_checkpoint_computes_like_the_dynamic_cast_an
     dynamic-cast path's to the bit, the frozen decoder weights take a byte each, and a base export
     gives them back in the base's dtype within float8 rounding."""
     pytest.importorskip("torchao")
-    from test_bad_input import make_checkpoint
+    from tests.fixtures.inputs import make_checkpoint
 
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.core.layout import resolve_layout

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 
 import pytest
-
-from conftest import trainperf_cmd
 from trainperf.plan.costs import activation_bytes_per_token_layer, estimate
 from trainperf.plan.hardware import PRESETS, load_gpu
 from trainperf.plan.search import candidate_layouts, plan
@@ -18,6 +14,7 @@ from trainperf.core.errors import SpecError
 from trainperf.core import flops as metrics
 from trainperf.workloads.mini import synthetic_lora_defaults
 
+from tests.fixtures.specs import spec_for
 LLAMA3_8B = ModelSpec(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8)
 LLAMA2_70B = ModelSpec(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64, num_kv_heads=8)
 
@@ -25,12 +22,6 @@ LLAMA2_70B = ModelSpec(vocab_size=32000, hidden_size=8192, intermediate_size=286
 def test_parameter_counts_of_known_models():
     assert metrics.total_params(LLAMA3_8B) == 8_030_261_248
     assert metrics.total_params(LLAMA2_70B) == 68_976_648_192
-
-
-def spec_for(*overrides: str):
-    spec = resolve_spec(synthetic_lora_defaults(), None, list(overrides))
-    spec.hardware.device = "cuda"
-    return spec
 
 
 def _saved_bytes_per_token_layer(model_kw: dict, lora: dict | None, mode: str, tokens: int = 256,
@@ -236,24 +227,6 @@ def test_gpu_yaml_file(tmp_path):
         load_gpu(str(f))
 
 
-def test_plan_cli_json_and_1024_gpus_in_seconds(tmp_path):
-    seventy = ["--set", "model.hidden_size=8192", "--set", "model.intermediate_size=28672", "--set", "model.num_layers=80",
-               "--set", "model.num_heads=64", "--set", "model.num_kv_heads=8", "--set", "train.global_batch_size=1024"]
-    t0 = time.perf_counter()
-    out = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "1024", "--top", "3", "--json", "--explain",
-                                       "--db", str(tmp_path / "t.db"), *seventy),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    wall = time.perf_counter() - t0
-    assert out.returncode == 0, out.stderr[-2000:]
-    data = json.loads(out.stdout)
-    assert data["gpus_per_node"] == 8 and len(data["ranked"]) == 3 and data["fitting"] > 0
-    assert data["ranked"][0]["id"].endswith(":P1") and len(data["explain"]) == 2
-    assert wall < 30
-    bad = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "2", "--gpu", "nope"), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.startswith("trainperf: error:")
-
-
 def test_predicted_oom_is_refused_before_launch():
     from trainperf.plan.costs import check_memory
 
@@ -303,41 +276,6 @@ def test_eight_bit_adamw_is_what_fits_llama3_8b_pretraining_on_one_h200():
     assert trained_tensors(seventy) == 2 * 2 * 80  # qkv_proj and o_proj adapted in 80 layers
     seventy.lora.rank = 0
     assert trained_tensors(seventy) == 80 * (2 + 1 + 1 + 3) + 3  # fused qkv: one tensor
-
-
-def test_plan_names_the_eight_bit_optimizer_when_nothing_else_fits(tmp_path):
-    out = subprocess.run(trainperf_cmd("plan", "llama31_8b", "--gpus", "1", "--json", "--set", "train.compile=true",
-                                       "--db", str(tmp_path / "t.db")),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    res = json.loads(out.stdout)
-    assert out.returncode != 0 and res["fitting"] == 0
-    assert "train.optimizer=adamw8bit" in res["hint"] and "GiB" in res["hint"]
-    ok = subprocess.run(trainperf_cmd("plan", "llama31_8b", "--gpus", "1", "--json", "--set", "train.compile=true",
-                                      "--set", "train.optimizer=adamw8bit", "--db", str(tmp_path / "t.db")),
-                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and json.loads(ok.stdout)["fitting"] > 0
-
-
-def test_layout_from_plan_runs_the_planned_layout(tmp_path):
-    db = ["--db", str(tmp_path / "t.db")]
-    out = subprocess.run(trainperf_cmd("plan", "mini-pretrain", "--gpus", "2", "--top", "2", "--json", *db),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    best = json.loads(out.stdout)["ranked"][0]
-    run = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--layout-from-plan", best["id"], "--json", *db,
-                                       "--set", "hardware.device=cpu", "--out", str(tmp_path / "runs")),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    summary = json.loads(run.stdout)
-    planned_layout = dict(kv.split("=") for kv in best["set"].replace("--set ", "").split())
-    assert summary["world_size"] == 2
-    for key in ("pp", "dp_shard", "dp_replicate", "tp", "cp"):  # the run used the planned layout
-        assert f"{key}={planned_layout['parallel.' + key]}" in summary["layout"], (best["set"], summary["layout"])
-    wrong = subprocess.run(trainperf_cmd("run", "mini-lora", "--layout-from-plan", best["id"], *db), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and "planned for 'mini-pretrain'" in wrong.stderr
-    missing = subprocess.run(trainperf_cmd("run", "mini-pretrain", "--layout-from-plan", "nope:P1", *db), cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 2 and "no such plan" in missing.stderr
 
 
 def test_calibration_recovers_the_elementwise_factor(tmp_path):
@@ -456,7 +394,6 @@ def test_chunked_loss_trades_logit_memory_for_one_more_head_forward():
     assert chunked.step_time_s > base.step_time_s
 
 
-
 # The out-of-sample set (2 x H200, 2026-11-30, `python bench/planner_accuracy.py`; docs/PLANNER.md):
 # measured step s, peak GiB, tokens/s per GPU. A guard on the accuracy reached, not a claim beyond it.
 OUT_OF_SAMPLE = {
@@ -497,11 +434,7 @@ def _kept_then_gib(spec, est) -> float:
 
 def test_out_of_sample_accuracy_does_not_regress():
     import statistics
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from planner_accuracy import CASES, SHAPES, spearman
+    from bench.planner_accuracy import CASES, SHAPES, spearman
     from trainperf.core.layout import resolve_layout
 
     step_err, mem_err, measured_tps, predicted_tps = [], [], [], []
@@ -533,11 +466,9 @@ def _grid(name: str = "grid_1b_lora_2xh200.json"):
     from trainperf.core.layout import resolve_layout
     from trainperf.workloads import get_workload
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    import sys
+    from bench.tune_vs_grid import DEFAULT_ID, PROBLEM, WORKLOAD
 
-    sys.path.insert(0, str(bench))
-    from tune_vs_grid import DEFAULT_ID, PROBLEM, WORKLOAD
+    bench = Path(__file__).resolve().parents[2] / "bench"
 
     grid = json.loads((bench / "data" / name).read_text())["grid"]
     rows = []
@@ -592,7 +523,7 @@ def test_tune_replayed_on_the_grid_finds_its_best_cheaply():
     from trainperf.runner.tune import Trial, successive_halving
 
     grid, rows = _grid("grid_1b_lora_2xh200_v2.json")
-    from tune_vs_grid import PROBLEM, planned  # bench/, put on the path by _grid
+    from bench.tune_vs_grid import PROBLEM, planned
 
     fits = planned(2, PROBLEM)
     spent = []
@@ -678,6 +609,7 @@ def test_fp8_changes_only_the_decoder_gemms_and_their_casts():
     lora = fp8_cast_elements(spec_for(), 8192, 1)
     full = fp8_cast_elements(spec_for("lora.rank=0"), 8192, 1)
     assert full > lora and fp8_cast_elements(spec_for(), 8192, 2) == pytest.approx(lora / 2)
+
 
 def test_float8_stored_frozen_base_takes_a_byte_per_decoder_projection_weight():
     """hardware.frozen_dtype=fp8: the sharded frozen decoder projections at 1 byte instead of the bf16

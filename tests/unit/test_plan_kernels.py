@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,8 @@ from trainperf.plan.costs import estimate, head_gemms, layer_gemms
 from trainperf.plan.hardware import PRESETS, load_gpu, scale_host_time
 from trainperf.plan.kernels import KernelTable, load_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from planner_accuracy import CASES, SHAPES  # noqa: E402
-from test_plan import spec_for  # noqa: E402
+from bench.planner_accuracy import CASES, SHAPES
+from tests.fixtures.specs import spec_for
 
 TABLE = {"gemm_tflops": {"4096x4096x4096": 700.0, "2048x1024x1024": 300.0},
          "attention_tflops_fwd_bwd": {"32x32x128x8192": [600.0, 500.0], "32x32x100x8192": [200.0, 190.0]}}
@@ -117,7 +115,7 @@ def test_yaml_gpu_file_can_name_a_kernel_table(tmp_path):
 # The twelve out-of-sample layouts measured back to back on 2 x H200 on 2026-11-30
 # (bench/data/h200x2_2026-11-30_planner_accuracy.json). No constant was fitted on them; this guards the
 # model from drifting away from them (docs/PLANNER.md has the per-layout table).
-MEASURED = json.loads((Path(__file__).resolve().parents[1] / "bench" / "data"
+MEASURED = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data"
                        / "h200x2_2026-11-30_planner_accuracy.json").read_text())
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-
-from test_preflight import _env, preflight_cmd
 from trainperf.plan.hardware import PRESETS
 from trainperf.plan.kernels import load_table
 from trainperf.cli import preflight as pcli
@@ -43,7 +40,7 @@ def test_a_gpu_table_becomes_a_measured_override_and_plan_uses_it(tmp_path, monk
     path = result["measured_overrides"]["kernel_table"]
     assert Path(path).is_file() and result["kernel_table"]["gemm_shapes"] == 1
     # what `plan` does with a stored preflight's overrides (cli.py): a 7x slower table, a slower step
-    from test_plan import spec_for
+    from tests.fixtures.specs import spec_for
     from trainperf.plan.costs import estimate
 
     slow = dataclasses.replace(PRESETS["h200"], **result["measured_overrides"])
@@ -52,17 +49,6 @@ def test_a_gpu_table_becomes_a_measured_override_and_plan_uses_it(tmp_path, monk
     cpu = {"measured_overrides": {}}
     pcli.measure_kernel_table_into(cpu, "cpu", tmp_path)  # CPU figures are never handed to plan
     assert "kernel_table" not in cpu["measured_overrides"] and "kernel_table" in cpu
-
-
-def test_preflight_cli_on_cpu_measures_the_table_when_asked(tmp_path):
-    cmd = preflight_cmd("--nproc-per-node", "1", "--device", "cpu", "--quick", "--kernels", "yes", "--json",
-                        "--out", str(tmp_path / "runs"), "--db", str(tmp_path / "t.db"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    kt = result["kernel_table"]
-    assert Path(kt["path"]).is_file() and kt["gemm_shapes"] > 0
-    assert "kernel_table" not in result["measured_overrides"]
-    assert load_table(kt["path"]).device == "cpu"
 
 
 def test_flash4_column_is_sdpas_rate_times_the_queued_ratio():

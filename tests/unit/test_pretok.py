@@ -1,8 +1,6 @@
 """The trainperf-pretok-v1 format: converter, reader, pre-launch checks (CPU, small files)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,18 +12,9 @@ from trainperf.data.pretok import (PackedTokenSplit, convert, detect, inspect_pr
                                    verify_pretok_tokens)
 from trainperf.core.errors import SpecError
 
-VOCAB = 1000
+from tests.fixtures.pretok import VOCAB, _docs, _write_txt
+
 EOD = 999
-
-
-def _docs(seed: int, n: int, vocab: int = VOCAB, lo: int = 1, hi: int = 40) -> list[list[int]]:
-    g = np.random.default_rng(seed)
-    return [g.integers(0, vocab - 1, size=int(g.integers(lo, hi))).tolist() for _ in range(n)]
-
-
-def _write_txt(f: Path, docs) -> Path:
-    f.write_text("".join(" ".join(map(str, d)) + "\n" for d in docs))
-    return f
 
 
 def _write_jsonl(f: Path, docs, key="input_ids") -> Path:
@@ -443,14 +432,3 @@ def test_main_prints_summary_and_exits_2_on_bad_input(tmp_path, capsys):
     assert pretok.main(argv) == 2  # out exists now
     err = capsys.readouterr().err
     assert err.startswith("trainperf: error: ") and "already exists" in err and err.count("\n") == 1
-
-
-def test_module_runs_as_a_script(tmp_path):
-    f = _write_txt(tmp_path / "a.txt", _docs(11, 4))
-    v = _write_txt(tmp_path / "v.txt", _docs(12, 2))
-    r = subprocess.run([sys.executable, "-m", "trainperf.data.pretok", str(f), "--out", str(tmp_path / "o"),
-                        "--vocab-size", str(VOCAB), "--validation-inputs", str(v)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["splits"]["validation"]["documents"] == 2
-    assert inspect_pretok(str(tmp_path / "o"), 4, VOCAB)["train"] >= 1

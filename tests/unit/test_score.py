@@ -9,87 +9,24 @@ RCP checkers accept them. Expected numbers are computed by hand in the comments.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from trainperf.cli import main
 from trainperf.mlperf import score as S
 from trainperf.core.errors import SpecError
 from trainperf.store.db import Store
 
-T0 = 1_726_852_783_639  # ms
+from tests.fixtures.score import T0, _line, write_log, write_set, run_cli, TEN
+
 RCP8_MEAN = 3178.6667  # olympic mean of the GBS-8 RCP (spec section 1.9: 3178.7)
 RCP8_MIN = 2960.634  # minimum acceptable submission mean at GBS 8 (spec: 2960.6)
-
-
-def _line(t: float, event_type: str, key: str, value=None, lineno: int = 1, **meta) -> str:
-    metadata = {"file": "trainperf/train/loop.py", "lineno": lineno, **meta}
-    rec = {"namespace": "", "time_ms": int(t), "event_type": event_type, "key": key, "value": value,
-           "metadata": metadata}
-    return ":::MLLOG " + json.dumps(rec)
-
-
-def write_log(path: Path, minutes: float, seed: int, samples: int = 3456, success: bool = True, gbs: int = 8,
-              benchmark: str = "llama2_70b_lora", division: str = "closed", org: str = "Acme",
-              platform: str = "8xH200", prefix: str = "") -> Path:
-    """A full llama2_70b_lora log: init (untimed), run_start, blocks + evals every 384 samples from 1536 up to
-    ``samples``, run_stop after ``minutes`` with status success (last eval 0.924 <= 0.925) or aborted."""
-    P, S_, E = "POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END"
-    t = float(T0)
-    lines = [_line(t, P, "cache_clear", True, 10), _line(t + 1, S_, "init_start", None, 11)]
-    hparams = [("submission_benchmark", benchmark), ("submission_org", org), ("submission_division", division),
-               ("submission_status", "onprem"), ("submission_platform", platform), ("seed", seed),
-               ("global_batch_size", gbs), ("train_samples", 3901), ("eval_samples", 173),
-               ("opt_learning_rate_warmup_factor", 0.0), ("opt_adamw_weight_decay", 0.0001),
-               ("opt_gradient_clip_norm", 0.3), ("gradient_accumulation_steps", 1),
-               ("opt_learning_rate_training_steps", 1024), ("opt_base_learning_rate", 0.0004), ("lora_rank", 16),
-               ("lora_alpha", 32)]
-    lines += [_line(t + 2, P, k, v, 20 + i) for i, (k, v) in enumerate(hparams)]
-    lines.append(_line(t + 60_000, E, "init_stop", None, 50))
-    start = t + 61_000
-    stop = start + minutes * 60_000
-    lines.append(_line(start, S_, "run_start", None, 51))
-    evals = list(range(1536, samples, 384)) + [samples]
-    lines.append(_line(start + 1, S_, "block_start", None, 52, samples_count=0))
-    acc = 0.95
-    for j, sc in enumerate(evals):
-        te = start + (stop - start) * (j + 1) / (len(evals) + 1)
-        last = j == len(evals) - 1
-        acc = 0.924 if (success and last) else 0.95 - 0.002 * j
-        lines += [_line(te, E, "block_stop", None, 53, samples_count=sc),
-                  _line(te + 1, S_, "eval_start", None, 54, samples_count=sc),
-                  _line(te + 2, P, "eval_accuracy", acc, 55, samples_count=sc),
-                  _line(te + 3, E, "eval_stop", None, 56, samples_count=sc)]
-        if not last:
-            lines.append(_line(te + 4, S_, "block_start", None, 52, samples_count=sc))
-    lines.append(_line(stop, E, "run_stop", acc, 60, samples_count=evals[-1],
-                       status="success" if success else "aborted"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{prefix}{ln}\n" for ln in lines))
-    return path
-
-
-def write_set(folder: Path, minutes: list[float], samples: list[int] | int = 3456, failed: set[int] = frozenset(),
-              **kw) -> list[Path]:
-    samples = samples if isinstance(samples, list) else [samples] * len(minutes)
-    return [write_log(folder / f"result_{i}.txt", m, seed=1000 + i, samples=s, success=i not in failed, **kw)
-            for i, (m, s) in enumerate(zip(minutes, samples))]
 
 
 def score_of(paths, ruleset="6.0.0") -> S.Score:
     return S.score_runs(S.gather_runs([str(p) for p in paths], ruleset=ruleset), ruleset=ruleset)
 
 
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-TEN = [33.0, 30.0, 36.5, 31.0, 40.0, 29.0, 35.0, 32.5, 34.0, 38.0]
 # drop 29 and 40: (33 + 30 + 36.5 + 31 + 35 + 32.5 + 34 + 38) / 8 = 270 / 8
 TEN_OLYMPIC = 33.75
 
@@ -240,45 +177,6 @@ def test_workload_takes_the_newest_required_runs(tmp_path, capsys):
     d = json.loads(out)
     assert rc == 1 and [r["run_id"] for r in d["runs"]] == ["r2", "r3", None]
     assert d["olympic_mean_minutes"] == pytest.approx(33.0)  # 30, 33, 36.5 -> 33
-
-
-# ---------------------------------------------------------------------------------------------
-# Export + package checker
-
-
-def test_export_is_accepted_by_the_package_checker(tmp_path, capsys):
-    src = tmp_path / "src"
-    # one failed run (the last), srun-style line prefixes; RCP: drop 2688 and the failed run -> 3072, scaled;
-    # minutes: drop 29 and the failed run -> (33 + 30 + 36.5 + 31 + 40 + 35 + 32.5 + 34) / 8 = 34.0
-    samples = [2688] + [3072] * 9
-    write_set(src, TEN, samples=samples, failed={9}, prefix="0: ")
-    out_dir = tmp_path / "pkg"
-    rc, out, _ = run_cli(capsys, "score", str(src), "--export", str(out_dir), "--system", "my box", "--json")
-    d = json.loads(out)
-    assert rc == 0, d["reason"]
-    assert d["olympic_mean_minutes"] == pytest.approx(34.0)
-    assert d["scaling_factor"] == pytest.approx(3178.6666666666665 / 3072)
-    org = out_dir / "Acme"
-    bench = org / "results" / "my_box" / "llama2_70b_lora"
-    assert sorted(p.name for p in bench.glob("result_*.txt")) == [f"result_{i}.txt" for i in range(10)]
-    assert (org / "benchmarks" / "llama2_70b_lora" / "implementations" / "trainperf" / "README.md").is_file()
-    desc = json.loads((org / "systems" / "my_box.json").read_text())
-    assert desc["division"] == "closed" and desc["submitter"] == "Acme" and desc["status"] == "Available on-premise"
-    chk = d["export"]["package_check"]
-    assert chk["passed"] and chk["errors"] == [], chk
-    assert any("1 file does not comply" in w for w in chk["warnings"])  # the failed run, accepted under olympic
-    # the package checker (re)wrote scaling.json: same factor as ours
-    assert json.loads((bench / "scaling.json").read_text())["scaling_factor"] == pytest.approx(d["scaling_factor"])
-    # the summarizer reading the package gets our score
-    from mlperf_logging.result_summarizer import result_summarizer as rs
-
-    ref, _, _ = rs._compute_strong_score_standalone("llama2_70b_lora", "my_box", False, str(bench), "training", "6.0.0")
-    assert ref == pytest.approx(d["score_minutes"])
-    # and the real CLI, in a fresh interpreter (it always exits 0, so read its verdict line)
-    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(org), "training", "6.0.0",
-                           "--log_output", str(tmp_path / "pc.log")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0
-    assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in proc.stdout + proc.stderr
 
 
 def test_package_checker_rejects_a_broken_export(tmp_path):

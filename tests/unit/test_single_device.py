@@ -7,7 +7,7 @@ from unittest.mock import patch
 
 import torch
 
-from conftest import two_adamw_steps
+from tests.fixtures.training import two_adamw_steps
 from trainperf.parallel import parallelize as par
 from trainperf.core.layout import resolve_layout
 from trainperf.core.resolve import resolve_spec

@@ -1,0 +1,57 @@
+"""`trainperf score`: olympic mean, RCP check and scaling, package export, bad input -- on fabricated logs.
+
+The logs are written line by line exactly as ``mlperf_logging.mllog`` writes them (``:::MLLOG`` +
+``json.dumps`` of namespace, time_ms, event_type, key, value, metadata with file/lineno), with every key
+the ``training_6.0.0`` closed llama2_70b_lora rules require, so the package's own compliance, seed and
+RCP checkers accept them. Expected numbers are computed by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+from tests.fixtures.score import write_set, run_cli, TEN
+
+
+# ---------------------------------------------------------------------------------------------
+# Export + package checker
+
+
+def test_export_is_accepted_by_the_package_checker(tmp_path, capsys):
+    src = tmp_path / "src"
+    # one failed run (the last), srun-style line prefixes; RCP: drop 2688 and the failed run -> 3072, scaled;
+    # minutes: drop 29 and the failed run -> (33 + 30 + 36.5 + 31 + 40 + 35 + 32.5 + 34) / 8 = 34.0
+    samples = [2688] + [3072] * 9
+    write_set(src, TEN, samples=samples, failed={9}, prefix="0: ")
+    out_dir = tmp_path / "pkg"
+    rc, out, _ = run_cli(capsys, "score", str(src), "--export", str(out_dir), "--system", "my box", "--json")
+    d = json.loads(out)
+    assert rc == 0, d["reason"]
+    assert d["olympic_mean_minutes"] == pytest.approx(34.0)
+    assert d["scaling_factor"] == pytest.approx(3178.6666666666665 / 3072)
+    org = out_dir / "Acme"
+    bench = org / "results" / "my_box" / "llama2_70b_lora"
+    assert sorted(p.name for p in bench.glob("result_*.txt")) == [f"result_{i}.txt" for i in range(10)]
+    assert (org / "benchmarks" / "llama2_70b_lora" / "implementations" / "trainperf" / "README.md").is_file()
+    desc = json.loads((org / "systems" / "my_box.json").read_text())
+    assert desc["division"] == "closed" and desc["submitter"] == "Acme" and desc["status"] == "Available on-premise"
+    chk = d["export"]["package_check"]
+    assert chk["passed"] and chk["errors"] == [], chk
+    assert any("1 file does not comply" in w for w in chk["warnings"])  # the failed run, accepted under olympic
+    # the package checker (re)wrote scaling.json: same factor as ours
+    assert json.loads((bench / "scaling.json").read_text())["scaling_factor"] == pytest.approx(d["scaling_factor"])
+    # the summarizer reading the package gets our score
+    from mlperf_logging.result_summarizer import result_summarizer as rs
+
+    ref, _, _ = rs._compute_strong_score_standalone("llama2_70b_lora", "my_box", False, str(bench), "training", "6.0.0")
+    assert ref == pytest.approx(d["score_minutes"])
+    # and the real CLI, in a fresh interpreter (it always exits 0, so read its verdict line)
+    proc = subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(org), "training", "6.0.0",
+                           "--log_output", str(tmp_path / "pc.log")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in proc.stdout + proc.stderr
