@@ -323,12 +323,14 @@ def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: Ba
 def dump_flight_recorder(dump_dir: Path, rank: int) -> Path | None:
     """Write this rank's Flight Recorder buffer to ``dump_dir/rank_<rank>``, as the NCCL watchdog does
     on a timeout (gloo writes none), for ``python -m torch.distributed.flight_recorder.fr_trace``.
-    None when there is nothing to write (the recorder was off, or an NCCL dump is already there)."""
+    The path written, or None (an NCCL dump is already there, or this torch cannot dump)."""
     path = dump_dir / f"rank_{rank}"
     if path.exists():
         return None
-    # torch has no public call for it; this is the one its own dumps are made of
-    trace = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+    try:  # torch has no public call for it; this is the one its own dumps are made of
+        trace = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+    except (AttributeError, RuntimeError):  # a build without it: the run's record matters more than the dump
+        return None
     if not trace:
         return None
     dump_dir.mkdir(parents=True, exist_ok=True)
