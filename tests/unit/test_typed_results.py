@@ -65,7 +65,8 @@ def test_trace_summary_of_a_directory_adds_its_keys():
 def _raw() -> dict:
     ranks = [{"rank": r, "local_rank": r, "device_index": r, "node": "h", "host": "h"} for r in range(2)]
     return {"device": "cuda", "world_size": 2, "nodes": ["h", "h"], "ranks": ranks,
-            "gemm": [{"rank": r, "dtype": "bf16", "n": 8192, "time_s": 1.0, "tflops": t} for r, t in enumerate((700, 600))],
+            "gemm": [{"rank": r, "dtype": "bf16", "n": 8192, "time_s": 1.0, "tflops": t}
+                     for r, t in enumerate((700, 600))],
             "hbm": [{"rank": r, "bytes": 2**30, "time_s": 1.0, "tbps": 4.2} for r in range(2)],
             "collectives": [{"collective": "all_reduce", "group": "world", "kind": "intra", "n": 2, "size": 2**30,
                              "busbw_gbps": 300.0, "time_s": 0.01}]}

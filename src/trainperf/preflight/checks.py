@@ -2,8 +2,9 @@
 conventions, node/group/pair layout, aggregation of per-rank timings, verdicts, planner overrides.
 
 Bandwidth conventions follow nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` with S as below,
-``busbw = algbw * factor(n)``, decimal GB/s (1e9 B/s); ``t`` is the mean time per operation over the
-timed iterations after warm-up, averaged over the ranks of the group (nccl-tests' default ``-a``).
+``busbw = algbw * factor(n)`` (the factors: ``core.collectives``), decimal GB/s (1e9 B/s); ``t`` is the
+mean time per operation over the timed iterations after warm-up, averaged over the ranks of the group
+(nccl-tests' default ``-a``).
 
 ================  ================================================  =============
 collective        S (bytes)                                         busbw factor
@@ -352,7 +353,8 @@ class _Verdicts:
         return not self.cpu and bool(rel) and rel["slower"] >= THRESHOLDS["slower_than_best"][1]
 
     def add(self, check: str, subject: str, size: str, value: float | None, unit: str, reference: float | None,
-            thresholds: tuple | None, rel: dict | None = None, note: str = "", datasheet_ok: bool = True) -> CheckResult:
+            thresholds: tuple | None, rel: dict | None = None, note: str = "",
+            datasheet_ok: bool = True) -> CheckResult:
         """One row: the worse of the datasheet verdict and the verdict against the best of the run."""
         if self.cpu:
             verdict, pct = NA_CPU, None

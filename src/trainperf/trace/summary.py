@@ -14,8 +14,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainperf.trace.collectives import CollectiveRow, collective_table, collective_waits, comm_by_group, \
-    match_collectives
+from trainperf.trace.collectives import (
+    CollectiveRow,
+    collective_table,
+    collective_waits,
+    comm_by_group,
+    match_collectives,
+)
 from trainperf.trace.events import load_trace
 from trainperf.trace.gaps import idle_gap_summary
 from trainperf.trace.groups import mesh_groups, resolve_mesh_sizes
