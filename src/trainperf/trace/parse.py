@@ -17,18 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from trainperf.trace.collectives import Collective, dtype_bytes, op_kind
-from trainperf.trace.events import (
-    load_trace,
-    profiled_steps,
-    span_of,
-    step_of,
-    thread_of,
-)
+from trainperf.trace.events import profiled_steps, span_of, step_of, thread_of
 from trainperf.trace.gaps import idle_gaps
 from trainperf.trace.groups import FSDP_DIMS, Groups, infer_group, label_group
 from trainperf.trace.intervals import Interval, clip, merge, union
-
-__all__ = ["RankTrace", "load_trace", "parse_rank"]
 
 _COMM_CPU_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms", "gloo:", "nccl:")
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
