@@ -15,8 +15,11 @@ import textwrap
 
 import pytest
 
-from trainperf.trace import analyze as A
 from trainperf.cli import trace as trace_cli
+from trainperf.trace.events import load_trace
+from trainperf.trace.parse import parse_rank
+from trainperf.trace.steps import breakdown
+from trainperf.trace.summary import analyze_dir
 
 
 # ----------------------------------------------------------------------------------------------
@@ -81,18 +84,18 @@ def test_capture_writes_traces_and_step_phases(gloo_run):
         phases = [s["phase"] for s in info["steps"]]
         assert phases == ["wait"] * SKIP + ["warmup"] * WARMUP + ["active"] * ACTIVE + ["after"] * AFTER
         assert info["trace_file"] == f"rank{r}.json.gz" and info["export_s"] > 0
-    t = A.parse_rank(A.load_trace(trace / "rank0.json.gz"), 0)
+    t = parse_rank(load_trace(trace / "rank0.json.gz"), 0)
     assert [k for k, _, _ in t.steps] == list(range(SKIP + WARMUP, SKIP + WARMUP + ACTIVE))  # ProfilerStep#k
     assert t.mode == "cpu"
     # exact identity per step, in integer ns: span = compute + comm - overlap + idle (no memcpy on CPU)
     for k, lo, hi in t.steps:
-        b = A.breakdown(k, lo, hi, t.comp, t.comm, t.mem)
+        b = breakdown(k, lo, hi, t.comp, t.comm, t.mem)
         assert b.span == b.compute + b.comm - b.overlap + b.idle
         assert b.compute > 0 and b.comm > 0 and b.idle >= 0 and 0 <= b.overlap <= min(b.compute, b.comm)
 
 
 def test_gloo_fsdp_collective_table_has_padded_shard_bytes(gloo_run):
-    s = A.analyze_dir(gloo_run / "trace")
+    s = analyze_dir(gloo_run / "trace")
     assert s["mode"] == "cpu" and s["ranks"] == [0, 1] and s["mesh_sizes"]["dp_shard"] == WORLD
     shards = sorted(shard_elements(i, o, WORLD) * 4 for i, o in LAYERS)  # fp32 bytes per rank
     assert shards == [136 * 4, 289 * 4]  # Linear(33, 8): 4 rows x 33 + 4; Linear(16, 33): 17 rows x 16 + 17
@@ -113,7 +116,7 @@ def test_gloo_fsdp_collective_table_has_padded_shard_bytes(gloo_run):
 
 
 def test_gloo_fsdp_straggler_skew_and_overhead(gloo_run):
-    s = A.analyze_dir(gloo_run / "trace")
+    s = analyze_dir(gloo_run / "trace")
     r0, r1 = s["per_rank"]
     # rank 1 sleeps SLEEP_S per step outside any op: idle for it, waiting inside gloo for rank 0
     assert r0["collective_wait_s"] > 0.5 * SLEEP_S > r1["collective_wait_s"]

@@ -11,8 +11,14 @@ import random
 
 import pytest
 
-from trainperf.trace import analyze as A
 from trainperf.cli import trace as trace_cli
+from trainperf.trace.collectives import algo_bytes, busbw_factor, dtype_bytes, op_kind
+from trainperf.trace.groups import label_group, mesh_groups, resolve_mesh_sizes
+from trainperf.trace.intervals import clip, intersect, merge, subtract, total, union
+from trainperf.trace.overhead import overhead, overhead_hint, unprofiled_estimate
+from trainperf.trace.parse import parse_rank
+from trainperf.trace.steps import breakdown
+from trainperf.trace.summary import analyze
 
 
 # ----------------------------------------------------------------------------------------------
@@ -24,10 +30,10 @@ def points(intervals) -> set[int]:
 
 
 def test_merge_overlapping_touching_nested_unsorted_and_empty():
-    got = A.merge([(50, 60), (0, 10), (5, 20), (20, 25), (30, 40), (32, 35), (70, 70), (80, 79)])
+    got = merge([(50, 60), (0, 10), (5, 20), (20, 25), (30, 40), (32, 35), (70, 70), (80, 79)])
     assert got == [(0, 25), (30, 40), (50, 60)]  # touching (20) joins, nested (32-35) vanishes, empty dropped
-    assert A.total(got) == 25 + 10 + 10
-    assert A.merge([]) == []
+    assert total(got) == 25 + 10 + 10
+    assert merge([]) == []
 
 
 def test_interval_ops_match_a_point_set_model_on_random_timelines():
@@ -40,62 +46,62 @@ def test_interval_ops_match_a_point_set_model_on_random_timelines():
                 out.append((s, s + rng.randint(0, 15)))
             return out
 
-        a, b = A.merge(rand_list()), A.merge(rand_list())
+        a, b = merge(rand_list()), merge(rand_list())
         pa, pb = points(a), points(b)
-        assert points(A.intersect(a, b)) == pa & pb
-        assert points(A.subtract(a, b)) == pa - pb
-        assert points(A.union(a, b)) == pa | pb
+        assert points(intersect(a, b)) == pa & pb
+        assert points(subtract(a, b)) == pa - pb
+        assert points(union(a, b)) == pa | pb
         lo, hi = rng.randint(0, 40), rng.randint(20, 80)
-        assert points(A.clip(a, lo, hi)) == {x for x in pa if lo <= x < hi}
-        for res in (A.intersect(a, b), A.subtract(a, b), A.clip(a, lo, hi)):  # results are merged lists
-            assert res == A.merge(res)
-        assert A.total(A.intersect(a, b)) == len(pa & pb)
+        assert points(clip(a, lo, hi)) == {x for x in pa if lo <= x < hi}
+        for res in (intersect(a, b), subtract(a, b), clip(a, lo, hi)):  # results are merged lists
+            assert res == merge(res)
+        assert total(intersect(a, b)) == len(pa & pb)
 
 
 def test_breakdown_on_a_hand_built_step():
     # step [0, 100): compute [10, 40) and [60, 90); comm [30, 70); a memcpy [92, 95)
-    comp, comm, mem = A.merge([(10, 40), (60, 90)]), A.merge([(30, 70)]), [(92, 95)]
-    b = A.breakdown(1, 0, 100, comp, comm, mem)
+    comp, comm, mem = merge([(10, 40), (60, 90)]), merge([(30, 70)]), [(92, 95)]
+    b = breakdown(1, 0, 100, comp, comm, mem)
     assert (b.compute, b.comm, b.overlap, b.exposed, b.mem) == (60, 40, 20, 20, 3)
     assert b.idle == 100 - 80 - 3  # busy = [10, 90) + [92, 95)
     assert b.mem_exposed == 3  # the copy runs while nothing else does
     assert b.span == b.compute + b.comm - b.overlap + b.mem_exposed + b.idle
     # a copy under compute (an offloaded layer's copy hidden by the next layer) is not exposed
-    b = A.breakdown(4, 0, 100, comp, comm, [(15, 25), (85, 95)])
+    b = breakdown(4, 0, 100, comp, comm, [(15, 25), (85, 95)])
     assert (b.mem, b.mem_exposed) == (20, 5)
     assert b.span == b.compute + b.comm - b.overlap + b.mem_exposed + b.idle
     # the window clips: only [50, 100) of the same timeline
-    b = A.breakdown(2, 50, 100, comp, comm, mem)
+    b = breakdown(2, 50, 100, comp, comm, mem)
     assert (b.compute, b.comm, b.overlap, b.idle) == (30, 20, 10, 50 - 40 - 3)
     # nothing overlaps: all communication is exposed
-    b = A.breakdown(3, 0, 100, A.merge([(0, 10)]), A.merge([(10, 30)]))
+    b = breakdown(3, 0, 100, merge([(0, 10)]), merge([(10, 30)]))
     assert (b.overlap, b.exposed, b.idle) == (0, 20, 70)
 
 
 def test_bandwidth_conventions_follow_nccl_tests():
-    assert A.busbw_factor("all_reduce", 8) == pytest.approx(1.75)
-    assert A.busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
-    assert A.busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
-    assert A.busbw_factor("broadcast", 8) == 1.0
-    assert A.algo_bytes("all_gather", 100, 800) == 800  # S = total output
-    assert A.algo_bytes("reduce_scatter", 800, 100) == 800  # S = total input
-    assert A.algo_bytes("all_reduce", 400, 400) == 400
-    assert [A.op_kind(n) for n in ("_allgather_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+    assert busbw_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert busbw_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert busbw_factor("broadcast", 8) == 1.0
+    assert algo_bytes("all_gather", 100, 800) == 800  # S = total output
+    assert algo_bytes("reduce_scatter", 800, 100) == 800  # S = total input
+    assert algo_bytes("all_reduce", 400, 400) == 400
+    assert [op_kind(n) for n in ("_allgather_base", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
                                    "c10d::_reduce_scatter_base_", "allreduce", "gloo:all_reduce", "nccl:broadcast")] == [
         "all_gather", "all_gather", "reduce_scatter", "reduce_scatter", "all_reduce", "all_reduce", "broadcast"]
-    assert A.dtype_bytes("BFloat16") == 2 and A.dtype_bytes("c10::BFloat16") == 2 and A.dtype_bytes("float") == 4
+    assert dtype_bytes("BFloat16") == 2 and dtype_bytes("c10::BFloat16") == 2 and dtype_bytes("float") == 4
 
 
 def test_mesh_groups_name_the_parallel_dimension():
     sizes = {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2}
-    g = A.mesh_groups(sizes, 5)  # coords (pp 0, rep 1, shard 0, cp 0, tp 1)
+    g = mesh_groups(sizes, 5)  # coords (pp 0, rep 1, shard 0, cp 0, tp 1)
     assert g["tp"] == (4, 5) and g["dp_shard"] == (5, 7) and g["dp_replicate"] == (1, 5)
     assert g["dp"] == (1, 3, 5, 7) and g["dp_shard_cp"] == (5, 7) and g["world"] == tuple(range(8))
-    assert A.label_group((5, 7), g) == "dp_shard"  # a single dim wins over the equal flattened one
-    assert A.label_group((7, 5, 3, 1), g) == "dp"
-    assert A.label_group((4, 5), g) == "tp"
-    assert A.label_group((0, 5), g) is None
-    assert A.resolve_mesh_sizes({"dp_shard": -1, "tp": 2}, 8)["dp_shard"] == 4
+    assert label_group((5, 7), g) == "dp_shard"  # a single dim wins over the equal flattened one
+    assert label_group((7, 5, 3, 1), g) == "dp"
+    assert label_group((4, 5), g) == "tp"
+    assert label_group((0, 5), g) is None
+    assert resolve_mesh_sizes({"dp_shard": -1, "tp": 2}, 8)["dp_shard"] == 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,9 +136,9 @@ def _gpu_rank_trace(rank: int, nccl_start_us: float) -> dict:
 def test_gpu_trace_breakdown_collective_table_and_straggler():
     sizes = {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
     # rank 0 enters the all-gather at 1300 us and waits; rank 1 arrives at 1500 us: the straggler
-    traces = [A.parse_rank(_gpu_rank_trace(r, start), r, A.mesh_groups(sizes, r)) for r, start in ((0, 1300.0), (1, 1500.0))]
+    traces = [parse_rank(_gpu_rank_trace(r, start), r, mesh_groups(sizes, r)) for r, start in ((0, 1300.0), (1, 1500.0))]
     assert all(t.mode == "gpu" for t in traces)
-    s = A.analyze(traces)
+    s = analyze(traces)
     r0, r1 = s["per_rank"]
     assert r0["compute_s"] == pytest.approx(300e-6) and r0["comm_s"] == pytest.approx(310e-6)  # all-gather + send
     assert r0["overlap_pct"] == pytest.approx(100 * 100 / 310)  # [1300, 1400) under the GEMM
@@ -183,8 +189,8 @@ def _gapped_step_trace() -> dict:
 
 
 def test_idle_gaps_name_the_host_sync_and_the_late_launch():
-    t = A.parse_rank(_gapped_step_trace(), 0)
-    s = A.analyze([t])
+    t = parse_rank(_gapped_step_trace(), 0)
+    s = analyze([t])
     gaps = s["idle_gaps"]
     causes = {(g["cause"], g["where"]): g for g in gaps["by_cause"]}
     sync = causes[("host sync", "aten::_local_scalar_dense > cudaStreamSynchronize")]
@@ -211,7 +217,7 @@ def test_idle_gaps_at_the_steps_edges_are_the_traces_own_and_summed_apart():
             e["ts"], e["dur"] = 80.0, 20.0
     trace["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": 1,
                                  "tid": 1, "ts": 940.0, "dur": 58.0, "args": {}})
-    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    gaps = analyze([parse_rank(trace, 0)])["idle_gaps"]
     causes = {(g["cause"], g["where"]): g for g in gaps["by_cause"]}
     assert causes[("start of step", "(no op open)")]["total_s_per_step"] == pytest.approx(80e-6)
     assert causes[("end of step", "cudaDeviceSynchronize")]["total_s_per_step"] == pytest.approx(50e-6)
@@ -230,7 +236,7 @@ def _ev(cat, name, ts, dur, tid=1, **args):
 def _causes(trace) -> dict:
     """Each (cause, where)'s idle time over the whole trace, in us."""
     n_steps = sum(1 for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#"))
-    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    gaps = analyze([parse_rank(trace, 0)])["idle_gaps"]
     return {(g["cause"], g["where"]): round(g["total_s_per_step"] * 1e6 * n_steps) for g in gaps["by_cause"]}
 
 
@@ -247,7 +253,7 @@ def test_a_steps_head_is_the_traces_only_up_to_how_far_ahead_the_host_was():
         _ev("kernel", "k4", 1300, 600, tid=7, correlation=2), _ev("cuda_runtime", "cudaLaunchKernel", 1290, 2, correlation=2),
         _ev("cuda_runtime", "cudaDeviceSynchronize", 1950, 45),
     ]}
-    gaps = A.analyze([A.parse_rank(trace, 0)])["idle_gaps"]
+    gaps = analyze([parse_rank(trace, 0)])["idle_gaps"]
     got = sorted((g["step"], g["cause"], round(g["dur_s"] * 1e6)) for g in gaps["largest"])
     assert got == [(3, "end of step", 105), (3, "late launch", 45), (3, "start of step", 150),  # [850, 895): host
                    (4, "end of step", 50), (4, "late launch", 50), (4, "late launch", 200), (4, "start of step", 100)]
@@ -255,7 +261,7 @@ def test_a_steps_head_is_the_traces_only_up_to_how_far_ahead_the_host_was():
     # had step 3 not waited at its end (no trace sync in it), step 4's whole head would be real idle
     no_wait = {"traceEvents": [e for e in trace["traceEvents"] if not (e["name"] == "cudaDeviceSynchronize"
                                                                        and e["ts"] < 1000)]}
-    heads = [g for g in A.analyze([A.parse_rank(no_wait, 0)])["idle_gaps"]["largest"] if g["step"] == 4
+    heads = [g for g in analyze([parse_rank(no_wait, 0)])["idle_gaps"]["largest"] if g["step"] == 4
              and g["offset_s"] == 0]
     assert [(g["cause"], round(g["dur_s"] * 1e6)) for g in heads] == [("late launch", 300)]
 
@@ -285,7 +291,7 @@ def test_only_the_traces_own_bare_sync_makes_a_tail_an_edge():
 
 
 def test_the_summary_prints_the_idle_gaps(capsys):
-    s = A.analyze([A.parse_rank(_gapped_step_trace(), 0)])
+    s = analyze([parse_rank(_gapped_step_trace(), 0)])
     s.update(trace_dir="t", summary_file="t/trace_summary.json")
     trace_cli.print_summary(s)
     out = capsys.readouterr().out
@@ -298,7 +304,7 @@ def test_idle_gap_where_a_kernel_waits_on_another_stream_is_a_dependency():
     for e in trace["traceEvents"]:  # the optimizer's kernel launched at 50 us: early, yet it starts at 300
         if e["args"].get("correlation") == 2 and e["cat"] == "cuda_runtime":
             e["ts"] = 50.0
-    s = A.analyze([A.parse_rank(trace, 0)])
+    s = analyze([parse_rank(trace, 0)])
     (g,) = [g for g in s["idle_gaps"]["largest"] if g["offset_s"] == pytest.approx(100e-6)]
     assert g["cause"] == "dependency"
 
@@ -306,7 +312,7 @@ def test_idle_gap_where_a_kernel_waits_on_another_stream_is_a_dependency():
 def test_overhead_from_steps_files():
     steps = [{"index": i, "phase": p, "wall_s": w} for i, (p, w) in
              enumerate([("wait", 9.0), ("wait", 1.0), ("warmup", 1.3), ("active", 1.2), ("active", 1.2), ("after", 1.0)])]
-    o = A.overhead({0: {"steps": steps, "export_s": 0.5}})
+    o = overhead({0: {"steps": steps, "export_s": 0.5}})
     e = o["per_rank"]["0"]
     assert (e["baseline_steps"], e["profiled_steps"]) == (2, 2)  # step 0 (9 s: the run's warm-up) is left out
     assert e["overhead_pct"] == pytest.approx(20.0) and o["overhead_pct"] == pytest.approx(20.0)
@@ -318,24 +324,24 @@ def test_unprofiled_estimate_takes_the_profiler_time_out_of_idle_then_waits():
     per_rank = [  # rank 0 launch-bound (idle absorbs it all); rank 1 waits on rank 0 inside collectives
         {"rank": 0, "compute_s": 0.5, "exposed_comm_s": 0.1, "idle_s": 0.7, "collective_wait_s": 0.05},
         {"rank": 1, "compute_s": 0.5, "exposed_comm_s": 0.6, "idle_s": 0.1, "collective_wait_s": 0.5}]
-    u = A.unprofiled_estimate(per_rank, over)
+    u = unprofiled_estimate(per_rank, over)
     r0, r1 = u["per_rank"]
     assert r0["idle_s"] == pytest.approx(0.4) and r0["collective_wait_s"] == pytest.approx(0.05)
     assert r0["exposed_comm_s"] == pytest.approx(0.1) and r0["step_s"] == 1.0
     assert r1["idle_s"] == 0.0 and r1["collective_wait_s"] == pytest.approx(0.3)
     assert r1["exposed_comm_s"] == pytest.approx(0.4) and r1["unexplained_s"] == 0.0
     assert u["totals"]["profiler_extra_s"] == pytest.approx(0.3) and u["totals"]["compute_s"] == 0.5
-    assert A.unprofiled_estimate(per_rank, {"per_rank": {}}) is None  # no baseline: no estimate
+    assert unprofiled_estimate(per_rank, {"per_rank": {}}) is None  # no baseline: no estimate
 
 
 def test_overhead_hint_names_a_host_paced_step_and_stays_quiet_within_the_goal():
     est = {"totals": {"step_s": 1.563, "idle_s": 0.036, "collective_wait_s": 0.286}}  # compiled TP2+SP, mb 1
-    hint = A.overhead_hint({"overhead_pct": 43.5}, est)
+    hint = overhead_hint({"overhead_pct": 43.5}, est)
     assert hint.startswith("host-paced step") and "waits 322 of 1563 ms" in hint and "+43.5%" in hint
     busy = {"totals": {"step_s": 2.0, "idle_s": 0.02, "collective_wait_s": 0.0}}
-    assert A.overhead_hint({"overhead_pct": 5.0}, busy).startswith("profiler overhead +5.0% on a step whose GPU is busy")
-    assert A.overhead_hint({"overhead_pct": 0.4}, est) is None  # within the 3% goal
-    assert A.overhead_hint({"overhead_pct": 43.5}, None) is None  # no baseline, nothing to say
+    assert overhead_hint({"overhead_pct": 5.0}, busy).startswith("profiler overhead +5.0% on a step whose GPU is busy")
+    assert overhead_hint({"overhead_pct": 0.4}, est) is None  # within the 3% goal
+    assert overhead_hint({"overhead_pct": 43.5}, None) is None  # no baseline, nothing to say
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:
