@@ -15,28 +15,30 @@ MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100/H200 SXM:
 
 from __future__ import annotations
 
+from trainperf.core.hardware import peak_flops_for as peak_flops_for  # MFU's denominator: the datasheets'
 from trainperf.core.spec import LoRASpec, ModelSpec
 
 
-def linear_params(m: ModelSpec) -> dict[str, int]:
+def projection_shapes(m: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(input width, output width) of each decoder-layer projection, by its module name; ``qkv_proj``
+    is the fused q, k and v of a ``fused_qkv`` model."""
     h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
-    per_layer = {
-        "q_proj": h * q_out, "k_proj": h * kv_out, "v_proj": h * kv_out, "o_proj": q_out * h,
-        "gate_proj": h * ff, "up_proj": h * ff, "down_proj": ff * h,
-    }
-    out = {k: v * m.num_layers for k, v in per_layer.items()}
-    out["lm_head"] = h * m.vocab_size
+    return {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
+            "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h)}
+
+
+def linear_params(m: ModelSpec) -> dict[str, int]:
+    """Weights of every projection summed over the layers (q, k, v unfused: a fused qkv holds the same),
+    and of the LM head."""
+    out = {name: i * o * m.num_layers for name, (i, o) in projection_shapes(m).items() if name != "qkv_proj"}
+    out["lm_head"] = m.hidden_size * m.vocab_size
     return out
 
 
 def lora_params(m: ModelSpec, lora: LoRASpec) -> int:
     if not lora.enabled:
         return 0
-    h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
-    shapes = {  # (in, out) of each target
-        "q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
-        "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h),
-    }
+    shapes = projection_shapes(m)
     return m.num_layers * sum(lora.rank * (shapes[t][0] + shapes[t][1]) for t in lora.target_modules)
 
 

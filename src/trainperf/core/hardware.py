@@ -21,6 +21,11 @@ class Datasheet:
     intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
     inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
 
+    @property
+    def peak_flops(self) -> float:
+        """Dense bf16 peak, FLOP/s: what MFU divides by."""
+        return self.bf16_tflops * 1e12
+
 
 # Rows without a planner preset (plan.hardware) serve the MFU peak; their bandwidths are datasheet
 # figures, not measured. Keys are matched against device names ('NVIDIA H200', 'NVIDIA H100 80GB HBM3'): the longest key
@@ -36,7 +41,7 @@ DATASHEETS: dict[str, Datasheet] = {
 }
 
 # Dense bf16 peak per GPU, FLOP/s, by the same keys.
-PEAK_BF16_FLOPS = {key: sheet.bf16_tflops * 1e12 for key, sheet in DATASHEETS.items()}
+PEAK_BF16_FLOPS = {key: sheet.peak_flops for key, sheet in DATASHEETS.items()}
 
 
 def datasheet_key(device_name: str) -> str | None:

@@ -39,11 +39,6 @@ LORA_EVAL_EVERY = 384
 LORA_TARGET = 0.925
 
 
-def lora_skipped_evals(global_batch_size: int) -> int:
-    """Rules (PR #540): skip the first FLOOR(0.125 * GBS + 2) evaluations."""
-    return math.floor(0.125 * global_batch_size + 2)
-
-
 def llama2_70b_lora_defaults() -> RunSpec:
     return RunSpec(
         workload="llama2_70b_lora",
@@ -129,6 +124,12 @@ PRETRAIN_FIXED = (
     ("eval.target", PRETRAIN_TARGET, "the quality target is log perplexity 3.3"),
 )
 PRETRAIN_TUNABLE = "train.global_batch_size, train.lr, train.warmup_steps"
+
+# ---------------------------------------------------------------------------------------------
+# By benchmark name
+
+RECIPES = {"llama2_70b_lora": llama2_70b_lora_defaults, "llama31_8b": llama31_8b_defaults}
+EVAL_ROWS = {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}  # validation rows of one eval
 
 
 # ---------------------------------------------------------------------------------------------

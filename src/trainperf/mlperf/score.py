@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainperf import __version__
 from trainperf.core.errors import SpecError
+from trainperf.store.db import Store, StoreError
 
 USAGE = "training"
 DEFAULT_RULESET = "6.0.0"
@@ -188,8 +190,6 @@ def _logs_in_dir(d: Path) -> list[Path]:
 
 
 def _open_store(db: str):
-    from trainperf.store.db import Store, StoreError
-
     if not Path(db).is_file():
         raise SpecError(f"no results store at {db!r} (give --db, or paths to result_*.txt / mllog.txt files)")
     try:
@@ -416,6 +416,18 @@ def rcp_reference_samples(benchmark: str, gbs: int, ruleset: str = DEFAULT_RULES
     return float(ref["RCP Mean"]), f"{kind} {name}"
 
 
+def rcp_global_batch_sizes(benchmark: str, ruleset: str = DEFAULT_RULESET) -> list[int]:
+    """Every global batch size the benchmark's RCP file of this ruleset has a point at ([] without one)."""
+    import mlperf_logging
+
+    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", f"{USAGE}_{ruleset}",
+                        f"rcps_{benchmark}.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as fh:
+        return sorted({int(r["BS"]) for r in json.load(fh).values()})
+
+
 def _stage(runs: list[RunResult], folder: Path) -> list[Path]:
     out = []
     for i, r in enumerate(runs):
@@ -461,7 +473,7 @@ def rcp_check(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> dict:
             out["min_acceptable_mean"] = float(ref["RCP Mean"] / ref["Max Speedup"])
     # the submission mean as rcp_checker._eval_submission_record computes it (failed run = 1e9, dropped as slowest)
     epochs = sorted(s if s is not None else 1e9 for s in samples)
-    k = 4 if benchmark == "unet3d" else 1
+    k = _max_dropped(benchmark)
     counted = epochs[k:len(epochs) - k]
     if counted and sum(1 for s in samples if s is None) <= k:
         out["submission_mean"] = float(np.mean(counted))
@@ -543,8 +555,6 @@ def _one(values: list, what: str, option: str) -> str:
 def system_description(score: Score, org: str, system: str) -> dict:
     """A system description with every field system_desc_checker requires; what the logs and the store do
     not say is left empty for the submitter to fill in."""
-    from trainperf import __version__
-
     runs = score.runs
     hw = next((r.hardware for r in runs if r.hardware), {})
     sw = next((r.software for r in runs if r.software), {})

@@ -13,9 +13,11 @@ full recompute, all within 5% (docs/PLANNER.md).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from trainperf.core import flops as metrics
+from trainperf.core.errors import SpecError
 from trainperf.core.layout import (
     OFFLOAD_PREFETCH_DEPTH,
     layer_memory_modes,
@@ -90,12 +92,13 @@ def fp8_cast_elements(spec: RunSpec, tokens: float, t: int) -> float:
     return sum(per_gemm) / t
 
 
+# projections that split their output under tensor parallelism; o_proj and down_proj split their input
+COLUMN_PARALLEL = frozenset({"q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj"})
+
+
 def _projections(m) -> dict[str, tuple[int, int, bool]]:
     """LoRA target name -> (input width, output width, column-parallel?) of that projection."""
-    q_out, kv_out, h, f = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.hidden_size, m.intermediate_size
-    return {"q_proj": (h, q_out, True), "k_proj": (h, kv_out, True), "v_proj": (h, kv_out, True),
-            "qkv_proj": (h, q_out + 2 * kv_out, True), "o_proj": (q_out, h, False),
-            "gate_proj": (h, f, True), "up_proj": (h, f, True), "down_proj": (f, h, False)}
+    return {name: (i, o, name in COLUMN_PARALLEL) for name, (i, o) in metrics.projection_shapes(m).items()}
 
 
 def layer_gemms(spec: RunSpec, tokens: float) -> list[tuple[float, float, float]]:
@@ -374,7 +377,7 @@ def compute_seconds(spec: RunSpec, s: RankShape, gpu: GPU) -> MicroBatchSeconds:
     # flash/cuDNN kernels work on head dims padded to a multiple of 64 (a 100-wide head costs 128)
     padded_head_dim = -(-m.head_dim // 64) * 64
     flops_attn = 3.0 * 2.0 * s.S * m.num_heads * padded_head_dim * s.L_rank / t * tokens_mb
-    peak = gpu.bf16_tflops * 1e12
+    peak = gpu.peak_flops
     table, slower = measured_gemm_rates(gpu)
     if table is not None:
         t_layers = s.L_rank * sum(table.gemm_seconds(*g) for g in layer_gemms(spec, tokens_mb)) * slower
@@ -427,13 +430,13 @@ def add_offload_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: in
         return
     # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
     # node copies at the same points of the step)
-    copy = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
+    copy_s = layer_set / (gpu.pcie_gbps * 1e9 / max(1.0, min(gpu.host_link_gpus, gpus_per_node)))
     fwd_layer = forward_seconds(micro, linear_flops_multiplier(spec)) / s.L_rank
     bwd_layer = (micro.gemm + micro.attention + micro.elementwise) / s.L_rank - fwd_layer
     # recomputation before a backward
     rec_s = {"full": fwd_layer, "selective": selective_recompute_seconds(micro) / s.L_rank}
     modes = stage_layer_modes(spec)
-    stall, queued_out = offload_stall(modes, copy, fwd_layer,
+    stall, queued_out = offload_stall(modes, copy_s, fwd_layer,
                                       {mode: bwd_layer + rec_s.get(mode, 0.0) for mode in set(modes)})
     micro.offload = stall * s.v  # the timeline is one stage's; an interleaved rank holds v of them
     # GPU memory: the peak comes at the start of backward, before the offloaded (first) layers come
@@ -464,7 +467,7 @@ def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: 
         return
     table, slower = measured_gemm_rates(gpu)
     micro.recompute += table.gemm_seconds(s.tokens_mb, s.h, s.V / s.t) * slower if table is not None \
-        else 2.0 * s.V * s.h * s.tokens_mb / s.t / (gpu.bf16_tflops * 1e12 * gpu.gemm_eff)
+        else 2.0 * s.V * s.h * s.tokens_mb / s.t / (gpu.peak_flops * gpu.gemm_eff)
 
 
 def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_micro: float,
@@ -515,7 +518,7 @@ def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micr
     tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world
     flops_tok = metrics.train_flops_per_token(spec.model, spec.lora, s.S)
-    est.mfu = flops_tok * est.tokens_per_s_per_gpu / (gpu.bf16_tflops * 1e12)
+    est.mfu = flops_tok * est.tokens_per_s_per_gpu / gpu.peak_flops
     est.fits = est.reserved_gib <= gpu.hbm_gib and est.host_offload_bytes <= offload_budget_bytes(spec, gpus_per_node)
 
 
@@ -647,8 +650,6 @@ def trained_tensors(spec: RunSpec) -> int:
 def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_gib: float) -> str:
     """A layout over ``limit_gib`` whose AdamW moments are what stands between it and the device: the
     clause saying train.optimizer=adamw8bit would fit it (and what that gives up), else ''."""
-    import copy
-
     if spec.train.optimizer != "adamw":
         return ""
     other = copy.deepcopy(spec)
@@ -663,8 +664,6 @@ def eight_bit_optimizer_hint(spec: RunSpec, gpu: GPU, gpus_per_node: int, limit_
 
 def check_memory(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     """SpecError when the predicted per-GPU memory exceeds the device: OOM is refused before launch."""
-    from trainperf.core.errors import SpecError
-
     est = estimate(spec, gpu, gpus_per_node)
     budget = offload_budget_bytes(spec, gpus_per_node)
     if est.host_offload_bytes > budget:

@@ -14,18 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf.core.errors import SpecError
-from trainperf.core.hardware import DATASHEETS
+from trainperf.core.hardware import DATASHEETS, Datasheet
+from trainperf.plan.kernels import load_table
 
 
 @dataclass(frozen=True)
-class GPU:
-    name: str
-    bf16_tflops: float  # dense peak
-    fp8_tflops: float
-    hbm_gib: float  # usable device memory
-    hbm_tbps: float  # achievable HBM copy bandwidth, TB/s (bytes read + written)
-    intra_busbw_gbps: float  # busbw inside a node (NVLink), GB/s per GPU
-    inter_busbw_gbps: float  # busbw across nodes (NIC), GB/s per GPU
+class GPU(Datasheet):
+    """A datasheet plus what the engine reaches on it."""
+
     # pinned host <-> device copy rate, GB/s each way (train.offload_layers): PCIe Gen5 x16 is 64 GB/s
     # on paper; 1 GiB pinned copies on 2 x H200 at once measured 55 device-to-host, 51-55 back
     # (2026-11-30)
@@ -112,9 +108,7 @@ def scale_host_time(gpu: GPU, scale: float) -> GPU:
 
 
 def _from_datasheet(key: str, **engine) -> GPU:
-    d = DATASHEETS[key]
-    return GPU(d.name, d.bf16_tflops, d.fp8_tflops, d.hbm_gib, d.hbm_tbps, d.intra_busbw_gbps, d.inter_busbw_gbps,
-               **engine)
+    return GPU(**dataclasses.asdict(DATASHEETS[key]), **engine)
 
 
 PRESETS: dict[str, GPU] = {
@@ -135,8 +129,6 @@ def _checked_kernel_table(value, base_dir: Path, source: str) -> str:
     """A YAML ``kernel_table``: empty for none, a packaged name, or a JSON file (relative to the YAML)."""
     if value in (None, ""):
         return ""
-    from trainperf.plan.kernels import load_table
-
     path = Path(str(value))
     if path.suffix and not path.is_absolute():
         path = base_dir / path

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import math
 from dataclasses import dataclass
 
 from trainperf.core.errors import SpecError
-from trainperf.core.layout import layers_per_stage
-from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec
+from trainperf.core.layout import data_parallel_size, layers_per_stage
+from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, eval_interval_samples, eval_skip_count
 from trainperf.core.validate import validate_layout
+from trainperf.mlperf.recipes import EVAL_ROWS
+from trainperf.mlperf.score import rcp_global_batch_sizes, rcp_reference_samples
 from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
 
@@ -99,8 +100,6 @@ def rcp_samples(spec: RunSpec) -> float | None:
     6.0.0 rules, pruned RCPs); None for workloads without RCPs."""
     if not spec.mlperf.benchmark or not spec.mlperf.comparable:
         return None
-    from trainperf.mlperf.score import rcp_reference_samples
-
     found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size)
     return found[0] if found else None
 
@@ -108,30 +107,16 @@ def rcp_samples(spec: RunSpec) -> float | None:
 def time_to_train(spec: RunSpec, est, samples: float) -> float:
     """Training steps to ``samples`` plus the evals on the way: evals run every interval after the
     skipped ones, each over the validation rows split across the data-parallel ranks."""
-    import math
-
-    from trainperf.core.layout import data_parallel_size
-    from trainperf.core.spec import eval_interval_samples, eval_skip_count
-    from trainperf.mlperf.recipes import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
-
     train_s = samples / spec.train.global_batch_size * est.step_time_s
-    rows = spec.data.eval_samples or {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}.get(
-        spec.mlperf.benchmark, 0)
+    rows = spec.data.eval_samples or EVAL_ROWS.get(spec.mlperf.benchmark, 0)
     evals = max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec))
     per_eval = math.ceil(rows / data_parallel_size(spec.parallel)) * est.eval_seconds_per_row
     return train_s + evals * per_eval
 
 
 def rcp_batch_sizes(spec: RunSpec) -> list[int]:
-    """The GBS values the benchmark's RCPs cover (training 6.0.0), so a GBS search has samples to converge for."""
-    import mlperf_logging
-
-    path = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_6.0.0",
-                        f"rcps_{spec.mlperf.benchmark}.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as fh:
-        return sorted({int(r["BS"]) for r in json.load(fh).values()})
+    """The GBS values the benchmark's RCPs cover, so a GBS search has samples to converge for."""
+    return rcp_global_batch_sizes(spec.mlperf.benchmark)
 
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,

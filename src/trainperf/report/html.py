@@ -6,12 +6,15 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import os
 import statistics
 import time
 from collections import defaultdict
 
+from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
+from trainperf.mlperf.score import read_run, score_runs
 from trainperf.report.projection import (
     layout_columns,
     projected_scaling_rows,
@@ -41,9 +44,6 @@ def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
     computed from their MLPerf logs exactly as `trainperf score` does: olympic mean in minutes (a single
     non-converged run dropped as the slowest), RCP verdict and scaling for closed-division groups, and
     whether the group is a valid MLPerf score (the benchmark's run count, at most one failure)."""
-    from trainperf.core.errors import SpecError
-    from trainperf.mlperf.score import read_run, score_runs
-
     groups = defaultdict(list)
     for r in runs:
         if r["status"] in ("success", "failed") and r.get("mllog_path") and os.path.isfile(r["mllog_path"]):
@@ -138,8 +138,6 @@ def plots(runs: list[dict], steps_by_run: dict[str, list[dict]], scaling: list[d
 def trace_breakdowns(runs: list[dict]) -> list[dict]:
     """The per-step compute / communication / idle totals of every stored run that `trainperf trace`
     analysed (RUN_DIR/trace_summary.json)."""
-    import json
-
     out = []
     for r in runs:
         path = os.path.join(r.get("out_dir") or "", "trace_summary.json")

@@ -12,11 +12,20 @@ the smallest GPU count) live here too.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
+
+from trainperf.core.layout import data_parallel_size
+from trainperf.core.spec import RunSpec
+from trainperf.mlperf.recipes import EVAL_ROWS, RECIPES
+from trainperf.mlperf.score import rcp_reference_samples
+from trainperf.plan.costs import estimate
+from trainperf.plan.hardware import preset_for_device
+from trainperf.plan.search import time_to_train
 
 
 def eval_pass_seconds(mllog: str | None) -> tuple[list[float], int | None]:
@@ -39,19 +48,13 @@ def eval_pass_seconds(mllog: str | None) -> tuple[list[float], int | None]:
 
 def _recipe_for(spec):
     """The benchmark's own recipe (eval schedule, validation rows) at the run's GBS and layout."""
-    import copy
-
-    from trainperf.mlperf.recipes import LORA_EVAL_ROWS, PRETRAIN_EVAL_ROWS
-    from trainperf.workloads import WORKLOADS
-
-    w = WORKLOADS.get(spec.mlperf.benchmark)
-    if w is None:
+    defaults = RECIPES.get(spec.mlperf.benchmark)
+    if defaults is None:
         return None
-    recipe = w.defaults()
+    recipe = defaults()
     recipe.train.global_batch_size = spec.train.global_batch_size
     recipe.parallel = copy.deepcopy(spec.parallel)
-    recipe.data.eval_samples = {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS}.get(
-        spec.mlperf.benchmark, recipe.data.eval_samples)
+    recipe.data.eval_samples = EVAL_ROWS.get(spec.mlperf.benchmark, recipe.data.eval_samples)
     return recipe
 
 
@@ -64,13 +67,6 @@ def _same_problem(spec, recipe) -> bool:
 
 def project(run: dict) -> dict | None:
     """The projection of one stored run, or None (no step time, no benchmark, no reference)."""
-    from trainperf.core.layout import data_parallel_size
-    from trainperf.core.spec import RunSpec
-    from trainperf.mlperf.score import rcp_reference_samples
-    from trainperf.plan.costs import estimate
-    from trainperf.plan.hardware import preset_for_device
-    from trainperf.plan.search import time_to_train
-
     if not run.get("step_time_s"):
         return None
     try:
