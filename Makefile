@@ -1,6 +1,10 @@
-# Two commands on a fresh machine:
-#   make demo   set up .venv, then run the main job (mini-lora to target on 2 processes) and the report
-#   make test   set up .venv with the test extras, then run the whole test suite
+# On a fresh machine:
+#   make demo        set up .venv, then run the main job (mini-lora to target on 2 processes) and the report
+#   make check       set up .venv with the test extras, then the unit tier (tests/unit: no process started; < 1 min)
+#   make test        everything that leaves the host as it is: unit + integration (CLI subprocesses, torchrun,
+#                    multi-process gloo) + gpu (skipped without CUDA)
+#   make test-slurm  the real-Slurm tier: installs slurm-wlm and munge, writes /etc/slurm and starts the daemons
+#                    (root; for a machine that may be changed, such as CI's)
 #
 # torch: a GPU machine's own torch is used when one is already importable by $(PYTHON); otherwise
 # the CPU build torch==2.13.0 (a local wheel on the project's CPU machines) goes into .venv.
@@ -15,7 +19,7 @@ TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.trainperf-installed
 STAMP_TEST := $(VENV)/.trainperf-test-installed
 
-.PHONY: demo test setup clean
+.PHONY: demo check test test-slurm setup clean
 
 $(VENV)/bin/python:
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -39,8 +43,14 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/trainperf demo
 
+check: $(STAMP_TEST)
+	$(PY) -m pytest -q -ra tests/unit
+
 test: $(STAMP_TEST)
-	$(PY) -m pytest -q -ra --durations=10
+	$(PY) -m pytest -q -ra --durations=15 -m "not slurm" tests
+
+test-slurm: $(STAMP_TEST)
+	TRAINPERF_TEST_SLURM=1 $(PY) -m pytest -q -ra -m slurm tests/slurm
 
 clean:
 	rm -rf $(VENV) .cache runs trainperf.db trainperf.db-wal trainperf.db-shm

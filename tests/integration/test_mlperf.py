@@ -159,3 +159,20 @@ def test_llama31_8b_open_run_on_converted_pretok_data(tmp_path):
     assert ev["eval_samples"]["value"] == 32  # the first 32 validation sequences, as closed uses the first 1024
     assert ev["opt_learning_rate_decay_schedule"]["value"] == "cosine with linear warmup"
     assert ev["opt_end_learning_rate"]["value"] == pytest.approx(3e-4)
+
+
+def test_untimed_warmup_changes_no_state(tmp_path):
+    """Same seed, with and without 2 warmup passes: identical losses step by step (dropout included)."""
+    from trainperf.runner.local import launch
+
+    losses = []
+    for warm in (0, 2):
+        spec, _ = local.prepare("mini-lora", None, ["hardware.device=cpu", "train.seed=5", "train.max_steps=6",
+                                                    "train.log_every=1", f"train.untimed_warmup_steps={warm}",
+                                                    "eval.every_samples=32", "eval.skip_first=0"], 1)
+        s = launch(spec, str(tmp_path / "runs"), str(tmp_path / "t.db"), 1, progress=False)
+        with sqlite3.connect(tmp_path / "t.db") as c:
+            losses.append([r[0] for r in c.execute("SELECT loss FROM steps WHERE run_id=? ORDER BY step", (s["run_id"],))]
+                          + [e["eval_loss"] for e in s["evals"]])
+    assert len(losses[0]) == 6 + 3
+    assert losses[0] == losses[1]

@@ -18,10 +18,10 @@ def test_partial_recompute_wraps_only_the_first_layers():
     model = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
                                        num_kv_heads=2))
     apply_activation_checkpointing(model, "full", 3)
-    wrapped = [hasattr(layer, "_forward_plain") for layer in model.model.layers.values()]
+    wrapped = [layer.memory_mode == "full" for layer in model.model.layers.values()]
     assert wrapped == [True, True, True, False]
     hybrid = LlamaForCausalLM(ModelSpec(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=4, num_heads=2,
                                         num_kv_heads=2))
     apply_activation_checkpointing(hybrid, "full", 1, others="selective")
-    modes = [layer._recompute_mode for layer in hybrid.model.layers.values()]
+    modes = [layer.memory_mode for layer in hybrid.model.layers.values()]
     assert modes == ["full", "selective", "selective", "selective"]

@@ -549,19 +549,20 @@ def test_float8_full_training_swaps_the_decoder_linears_only():
     """hardware.fp8 without LoRA: torchao's Float8Linear in the decoder layers (weights train in float8
     GEMMs), the LM head and embedding untouched; a step's loss and gradients stay close to bf16's."""
     pytest.importorskip("torchao")
-    import copy
 
     from torchao.float8.float8_linear import Float8Linear
 
-    from trainperf.model.float8 import apply_float8
     from trainperf.model.llama import LlamaForCausalLM
+    from trainperf.model.options import ModelOptions
     from trainperf.core.spec import ModelSpec
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
-                                       num_heads=4, num_kv_heads=4))
-    fp8 = copy.deepcopy(model)
-    assert apply_float8(fp8, "tensorwise") == 14  # 7 Linears per layer
+    cfg = ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=4)
+    model = LlamaForCausalLM(cfg)
+    with torch.device("meta"):  # built as float8 (draws nothing), then the same weights
+        fp8 = LlamaForCausalLM(cfg, ModelOptions(fp8="tensorwise"))
+    fp8.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    assert sum(isinstance(m, Float8Linear) for m in fp8.model.layers.modules()) == 14  # 7 Linears per layer
     assert all(isinstance(m, Float8Linear) for n, m in fp8.model.layers.named_modules() if isinstance(m, nn.Linear))
     assert type(fp8.lm_head) is nn.Linear
     ids = torch.randint(0, 64, (2, 32))
@@ -585,20 +586,21 @@ def test_compiled_layers_share_one_graph_with_fp8_and_hybrid_recompute():
     pytest.importorskip("torchao")
     import copy
 
-    from trainperf.model.float8 import apply_float8
+    from trainperf.model.float8 import float8_frozen_linears
     from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.model.lora import apply_lora
+    from trainperf.model.options import ModelOptions
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
     from trainperf.core.spec import LoRASpec, ModelSpec
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=11,
-                                       num_heads=2, num_kv_heads=2))
-    apply_lora(model, LoRASpec(rank=4, alpha=8.0, dropout=0.0))
+                                       num_heads=2, num_kv_heads=2), ModelOptions(fp8="tensorwise", emulate_fp8=True),
+                             lora=LoRASpec(rank=4, alpha=8.0, dropout=0.0))
     for p in model.parameters():
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.02)  # lora_B starts at zero: give its gradient path some signal
-    assert apply_float8(model, "tensorwise", emulate=True) == 11 * 7
+    frozen = float8_frozen_linears(model)
+    assert len(frozen) == 11 * 7 and all(m.float8_gemm is not None for m in frozen)
     apply_activation_checkpointing(model, "full", 4, others="selective")
     eager = copy.deepcopy(model)
     torch._dynamo.reset()
@@ -627,24 +629,25 @@ def test_compiled_full_recompute_layers_checkpoint_around_the_compiled_forward()
     inputs, whatever the compiled graph saves (measured on the H200: 0.125 GiB per layer, as eager).
     Selective layers keep their checkpoint inside the compiled graph (the policy must see its ops)."""
     pytest.importorskip("torchao")
-    from trainperf.model.float8 import apply_float8
     from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.model.lora import apply_lora
+    from trainperf.model.options import ModelOptions
+    from trainperf.parallel.layer_wrapper import LayerWrapper
     from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
     from trainperf.core.spec import LoRASpec, ModelSpec
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
-                                       num_heads=2, num_kv_heads=2))
-    apply_lora(model, LoRASpec(rank=4, alpha=8.0, dropout=0.0))
-    apply_float8(model, "tensorwise", emulate=True)
+                                       num_heads=2, num_kv_heads=2), ModelOptions(fp8="tensorwise", emulate_fp8=True),
+                             lora=LoRASpec(rank=4, alpha=8.0, dropout=0.0))
     apply_activation_checkpointing(model, "full", 2, others="selective")
     torch._dynamo.reset()
     apply_compile(model, backend="aot_eager")
     full, selective = [model.model.layers[str(i)] for i in (0, 2)]
-    assert hasattr(full._forward_plain, "_torchdynamo_orig_callable")  # compiled inside the checkpoint
+    # compiled inside the checkpoint: the compiled part is the plain layer forward
+    assert full.body._torchdynamo_orig_callable.__func__ is LayerWrapper.layer_forward
     assert not hasattr(full.forward, "_torchdynamo_orig_callable")
-    assert hasattr(selective.forward, "_torchdynamo_orig_callable")  # checkpoint inside the compiled graph
+    # checkpoint inside the compiled graph
+    assert selective.body._torchdynamo_orig_callable.__func__ is LayerWrapper.selective_forward
     saved: list[tuple] = []
     h = model.model.embed_tokens(torch.randint(0, 64, (2, 24)))
     from trainperf.model.llama import rope_cos_sin

@@ -429,23 +429,6 @@ def test_chunked_loss_matches_full_logits_loss_and_grads():
         assert torch.allclose(p.grad, ref[n], rtol=1e-5, atol=1e-6), n
 
 
-def test_chunked_loss_run_matches_unchunked_run(tmp_path):
-    from trainperf.runner import local
-
-    losses = []
-    for chunk in (0, 100):
-        spec, _ = local.prepare("mini-lora", None, ["hardware.device=cpu", "train.seed=3", "train.max_steps=4",
-                                                    "train.log_every=1", f"train.loss_chunk_tokens={chunk}",
-                                                    "eval.every_samples=100000"], 1)
-        s = local.launch(spec, str(tmp_path / "runs"), str(tmp_path / "t.db"), 1, progress=False)
-        import sqlite3
-
-        with sqlite3.connect(tmp_path / "t.db") as c:
-            losses.append([r[0] for r in c.execute("SELECT loss FROM steps WHERE run_id=? ORDER BY step", (s["run_id"],))])
-    assert len(losses[0]) == 4
-    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5
-
-
 def test_lagged_log_reads_device_values_one_step_late():
     from trainperf.train.clock import LaggedLog
 
