@@ -5,7 +5,6 @@ validation that refuses flash4 where it cannot run, before any work."""
 
 from __future__ import annotations
 
-import copy
 import sys
 import types
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from trainperf.model.llama import LlamaForCausalLM
+from trainperf.model.options import ModelOptions
 from trainperf.core.spec import ModelSpec, RunSpec
 from trainperf.core.errors import SpecError
 from trainperf.core.validate import check_attention, check_choices, validate
@@ -106,6 +106,14 @@ def test_the_op_traces_as_one_node_with_shapes_from_its_fake():
     assert (dq.shape, dk.shape, dv.shape) == ((2, 16, 4, 8), (2, 16, 2, 8), (2, 16, 2, 8))
 
 
+def _built_with_flash4(sdpa: LlamaForCausalLM) -> LlamaForCausalLM:
+    """The same model and weights, built with hardware.attention=flash4 (on meta: it draws nothing)."""
+    with torch.device("meta"):
+        fa4 = LlamaForCausalLM(sdpa.cfg, ModelOptions(attention="flash4"))
+    fa4.load_state_dict({k: v.clone() for k, v in sdpa.state_dict().items()}, assign=True)
+    return fa4
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["qkv", "fused_qkv"])
 def test_the_model_with_flash4_matches_sdpa_in_logits_and_gradients(fake_fa4, fused):
     """RoPE on (b, s, h, d) with cos/sin broadcast over heads, no transposes, GQA without repeat."""
@@ -115,9 +123,7 @@ def test_the_model_with_flash4_matches_sdpa_in_logits_and_gradients(fake_fa4, fu
     sdpa = LlamaForCausalLM(cfg)
     for p in sdpa.parameters():
         torch.nn.init.normal_(p, std=0.2)  # O(1) logits: a wrong RoPE broadcast cannot hide in rounding
-    fa4 = copy.deepcopy(sdpa)
-    for layer in fa4.model.layers.values():
-        layer.self_attn.kernel = "flash4"
+    fa4 = _built_with_flash4(sdpa)
     ids = torch.randint(0, 64, (2, 16))
     logits = [m(ids) for m in (sdpa, fa4)]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
@@ -176,9 +182,7 @@ def test_recompute_keeps_or_reruns_the_flash4_op_as_the_policy_says(fake_fa4, mo
                     max_position_embeddings=32)
     torch.manual_seed(2)
     sdpa = LlamaForCausalLM(cfg)
-    fa4 = copy.deepcopy(sdpa)
-    for layer in fa4.model.layers.values():
-        layer.self_attn.kernel = "flash4"
+    fa4 = _built_with_flash4(sdpa)
     apply_activation_checkpointing(fa4, mode)
     ids = torch.randint(0, 64, (2, 16))
     for m in (sdpa, fa4):

@@ -16,7 +16,8 @@ from trainperf.model import lora_kernel
 from trainperf.model.llama import LlamaForCausalLM
 from trainperf.model.lora import LoRALinear, apply_lora, fused_kernel_applies
 from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, philox4x32_rounds
-from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, apply_lora_kernel
+from trainperf.model.options import ModelOptions
+from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
 from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec
 from trainperf.core.errors import SpecError
 from trainperf.core.validate import check_choices, check_lora_kernel, validate
@@ -114,9 +115,9 @@ CFG = ModelSpec(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=
                 max_position_embeddings=32)
 
 
-def _lora_model(targets=("q_proj", "k_proj", "v_proj", "o_proj"), rank=16, dropout=0.1, cfg=CFG):
+def _lora_model(targets=("q_proj", "k_proj", "v_proj", "o_proj"), rank=16, dropout=0.1, cfg=CFG, kernel="torch"):
     torch.manual_seed(3)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(cfg, ModelOptions(lora_kernel=kernel))
     apply_lora(model, LoRASpec(rank=rank, alpha=32.0, dropout=dropout, target_modules=list(targets)))
     for name, p in model.named_parameters():
         if "lora_B" in name:
@@ -145,8 +146,7 @@ def test_the_model_groups_q_k_v_and_matches_explicit_masks(monkeypatch):
         masks = keep_masks(int(seed.item()), x.shape[0], x.shape[1], n, p)
         return torch.cat([(x * m * keep_scale(p)) @ ai.t() for m, ai in zip(masks, a.chunk(n))], dim=-1), None
 
-    model = _lora_model(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-    apply_lora_kernel(model, "fused")
+    model = _lora_model(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), kernel="fused")
     ids = torch.randint(0, 64, (2, 16))
     monkeypatch.setattr(lora_kernel, "lora_dropout_a", recording)
     loss, grads = _grads(model, ids)
@@ -163,8 +163,7 @@ def test_the_model_groups_q_k_v_and_matches_explicit_masks(monkeypatch):
 def test_fused_drops_what_dropout_would_on_average():
     """Eval and dropout 0 take the plain path; the fused path's mean output over many draws is the
     undropped output (unbiased scaling)."""
-    model = _lora_model()
-    apply_lora_kernel(model, "fused")
+    model = _lora_model(kernel="fused")
     q = model.model.layers["0"].self_attn.q_proj
     x = torch.randn(4, 8, 64)
     q.eval()
@@ -184,8 +183,7 @@ def test_recomputation_redraws_the_forwards_masks(mode):
     """Selective (the policy keeps the op's output and its seed) and full recompute (checkpoint replays
     the generator) give the gradients of the run that keeps everything."""
     ids = torch.randint(0, 64, (2, 16))
-    plain = _lora_model()
-    apply_lora_kernel(plain, "fused")
+    plain = _lora_model(kernel="fused")
     recomputed = copy.deepcopy(plain)
     apply_activation_checkpointing(recomputed, mode)
     loss, grads = _grads(plain, ids)
@@ -200,8 +198,7 @@ def test_compiled_layers_draw_the_eager_masks(mode):
     """Per-layer torch.compile (AOT autograd, as under Inductor) keeps the op one node and draws its
     seed from the same generator: the eager model's loss and gradients."""
     ids = torch.randint(0, 64, (2, 16))
-    eager = _lora_model()
-    apply_lora_kernel(eager, "fused")
+    eager = _lora_model(kernel="fused")
     compiled = copy.deepcopy(eager)
     if mode != "none":
         apply_activation_checkpointing(compiled, mode)
@@ -214,8 +211,7 @@ def test_compiled_layers_draw_the_eager_masks(mode):
 
 
 def test_modules_with_hooks_or_mixed_ranks_are_not_grouped():
-    model = _lora_model()
-    apply_lora_kernel(model, "fused")
+    model = _lora_model(kernel="fused")
     attn = model.model.layers["0"].self_attn
     x = torch.randn(2, 4, 64)
     assert fused_kernel_applies(x, (attn.q_proj, attn.k_proj, attn.v_proj))
