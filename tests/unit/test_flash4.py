@@ -11,11 +11,11 @@ import types
 import pytest
 import torch
 
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import ModelSpec, RunSpec
+from trainperf.core.validate import check_attention, check_choices, validate
 from trainperf.model.llama import LlamaForCausalLM
 from trainperf.model.options import ModelOptions
-from trainperf.core.spec import ModelSpec, RunSpec
-from trainperf.core.errors import SpecError
-from trainperf.core.validate import check_attention, check_choices, validate
 
 
 def _expand(t: torch.Tensor, heads: int) -> torch.Tensor:  # GQA: each kv head serves heads / kv_heads q heads

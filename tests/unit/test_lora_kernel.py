@@ -12,15 +12,20 @@ import importlib.util
 import pytest
 import torch
 
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec
+from trainperf.core.validate import check_choices, check_lora_kernel, validate
 from trainperf.model import lora_kernel
 from trainperf.model.llama import LlamaForCausalLM
 from trainperf.model.lora import LoRALinear, apply_lora, fused_kernel_applies
-from trainperf.model.lora_kernel import keep_masks, keep_scale, lora_dropout_a, philox4x32_rounds
+from trainperf.model.lora_kernel import (
+    keep_masks,
+    keep_scale,
+    lora_dropout_a,
+    philox4x32_rounds,
+)
 from trainperf.model.options import ModelOptions
 from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile
-from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec
-from trainperf.core.errors import SpecError
-from trainperf.core.validate import check_choices, check_lora_kernel, validate
 from trainperf.runner.checks import check_kernels
 
 
@@ -269,8 +274,8 @@ def test_planner_keeps_inputs_not_masks_with_the_fused_kernel():
     """Per token and layer, the fused kernel's activations are those of a run without dropout (A's
     inputs, not a mask and a dropped copy per adapter) plus its mask records: as many bytes as the
     forward allocates for them."""
-    from trainperf.plan.costs import activation_bytes_per_token_layer
     from trainperf.core.resolve import resolve_spec
+    from trainperf.plan.costs import activation_bytes_per_token_layer
     from trainperf.workloads.mini import synthetic_lora_defaults
 
     spec = resolve_spec(synthetic_lora_defaults(), None, [])

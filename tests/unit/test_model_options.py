@@ -15,7 +15,11 @@ from trainperf.model.lora import LoRALinear
 from trainperf.model.options import ModelOptions
 from trainperf.parallel.layer_wrapper import LayerWrapper
 from trainperf.parallel.offload import ActivationOffloader
-from trainperf.parallel.parallelize import apply_activation_checkpointing, apply_compile, wrap_layers
+from trainperf.parallel.parallelize import (
+    apply_activation_checkpointing,
+    apply_compile,
+    wrap_layers,
+)
 
 CFG = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4, num_heads=4, num_kv_heads=2,
                 max_position_embeddings=32)

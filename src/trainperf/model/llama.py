@@ -182,8 +182,9 @@ class LlamaForCausalLM(nn.Module):
     ``options.fp8`` asks for them, are part of the build (model/float8.py), so every later step --
     tensor parallel, compile, FSDP2 -- sees the final modules."""
 
-    def __init__(self, cfg: ModelSpec, options: ModelOptions = ModelOptions(), lora: LoRASpec | None = None):
+    def __init__(self, cfg: ModelSpec, options: ModelOptions | None = None, lora: LoRASpec | None = None):
         super().__init__()
+        options = options or ModelOptions()
         self.cfg, self.options = cfg, options
         self.model = LlamaModel(cfg, options)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -209,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
         two agree: a fused qkv_proj under tensor parallel (options.tp) is stored so that each TP rank's
         contiguous Shard(0) block holds its own [q_r; k_r; v_r]."""
         tp = self.options.tp
-        if tp == 1 or not (name.endswith("self_attn.qkv_proj.weight") or name.endswith("self_attn.qkv_proj.lora_B.weight")):
+        if tp == 1 or not name.endswith(("self_attn.qkv_proj.weight", "self_attn.qkv_proj.lora_B.weight")):
             return None
         order = qkv_row_order(self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim, tp)
         inverse = torch.argsort(order)
@@ -228,7 +229,7 @@ def qkv_row_order(n_heads: int, n_kv: int, head_dim: int, tp: int) -> torch.Tens
     return torch.tensor(order)
 
 
-def build_on_meta(cfg: ModelSpec, options: ModelOptions = ModelOptions(), lora: LoRASpec | None = None) -> LlamaForCausalLM:
+def build_on_meta(cfg: ModelSpec, options: ModelOptions | None = None, lora: LoRASpec | None = None) -> LlamaForCausalLM:
     """Build the module tree without allocating memory; materialise later with ``to_empty``."""
     with torch.device("meta"):
         return LlamaForCausalLM(cfg, options, lora)

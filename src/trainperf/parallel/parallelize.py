@@ -32,6 +32,7 @@ from trainperf.model import flash4, lora_kernel  # noqa: F401  register the cust
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
 from trainperf.parallel.layer_wrapper import LayerWrapper
+from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
 
 
 def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
@@ -238,12 +239,12 @@ def _adapter_rank(layer: nn.Module) -> int | None:
     return next((m.lora_A.out_features for m in layer.modules() if isinstance(m, LoRALinear)), None)
 
 
-def _compile_options(backend: str) -> dict | None:
+def _compile_options(backend: str | None) -> dict | None:
     """Random ops (LoRA dropout) run eager's kernels inside the graph (Inductor's ``fallback_random``):
     Inductor's own Triton draws cost one Philox call per element, 0.14 ms per 7B dropout mask,
     while eager's kernel is bandwidth-bound; on one H200 the compiled 7B LoRA step gained 1.2%
     (docs/PERFORMANCE.md), and a compiled layer now drops exactly what the eager one drops."""
-    return {"fallback_random": True} if backend == "inductor" else None
+    return {"fallback_random": True} if backend == "inductor" else None  # None: eager, or a test backend
 
 
 def wrap_layers(model: nn.Module, modes: list[str], offloader=None, compile_backend: str | None = None) -> None:
@@ -266,10 +267,8 @@ def wrap_layers(model: nn.Module, modes: list[str], offloader=None, compile_back
         layer = layers[name]
         context_fn = selective(_adapter_rank(layer)) if mode == "selective" else None
         layers[name] = LayerWrapper(layer, index, mode, context_fn, offloader if mode == "offload" else None,
-                                    compile_backend, _compile_options(compile_backend) if compile_backend else None)
+                                    compile_backend, _compile_options(compile_backend))
     if offloader is not None:
-        from trainperf.parallel.offload import PREFETCH_DEPTH
-
         wrapped = list(layers.values())
         top = max(i for i, mode in enumerate(modes) if mode == "offload")
         ahead = min(top + PREFETCH_DEPTH, len(wrapped) - 1)
@@ -292,9 +291,10 @@ def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
     layers = model.model.layers
     for index, name in enumerate(list(layers.keys())):
         layer = layers[name]
-        assert not (layer._forward_hooks or layer._forward_pre_hooks), "wrap_layers keeps a layer's hooks"
+        # a new wrapper would drop them: wrap_layers compiles a layer it hooks (offload's prefetch)
+        assert not (layer._forward_hooks or layer._forward_pre_hooks), f"layer {name} has module hooks"
         if isinstance(layer, LayerWrapper):
-            layers[name] = LayerWrapper(layer, index, layer.memory_mode, layer.context_fn, layer.offloader,
+            layers[name] = LayerWrapper(layer, layer.index, layer.memory_mode, layer.context_fn, layer.offloader,
                                         backend, _compile_options(backend))
         else:
             layers[name] = LayerWrapper(layer, index, compile_backend=backend, compile_options=_compile_options(backend))
@@ -334,8 +334,6 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
                                tr.offload_layers)
     offloader = None
     if "offload" in modes:
-        from trainperf.parallel.offload import ActivationOffloader
-
         cuda = mesh.device_type == "cuda"
         offloader = ActivationOffloader(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
     wrap_layers(model, modes, offloader, "inductor" if tr.compile else None)
