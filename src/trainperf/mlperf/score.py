@@ -41,6 +41,8 @@ from trainperf import __version__
 from trainperf.core.errors import SpecError
 from trainperf.store.db import Store, StoreError
 
+# mlperf_logging is imported inside the functions that call it: its RCP checker loads scipy (seconds),
+# which `trainperf plan` and `report` need only when they read an RCP
 USAGE = "training"
 DEFAULT_RULESET = "6.0.0"
 RCP_PASS = "pruned_rcps"  # what the package checker and the result summarizer use

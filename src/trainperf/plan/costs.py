@@ -132,7 +132,7 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
                                      compiled: bool | None = None) -> float:
     """Bytes one decoder layer keeps for backward, per token (bf16 activations, flash/cuDNN attention:
     no S^2 term), tensor by tensor as this engine's layer saves them -- checked against the CPU
-    profiler's allocations in tests/test_plan.py (the Korthikanti et al. 2022 count, planner_anchors
+    profiler's allocations in tests/unit/test_plan.py (the Korthikanti et al. 2022 count, planner_anchors
     2.4, misses the fp32 copies our RMSNorm keeps and what a frozen base does not save).
 
     none: each RMSNorm keeps its fp32 input (4h; + its bf16 normalised input, 2h, when the norm weight
@@ -151,7 +151,7 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     ``compiled`` (default: train.compile): AOT autograd's partitioner keeps only what backward needs
     and recomputes cheap pointwise ops. Measured on 2 x H200 (7B LoRA none 60.1 -> 50.8 GiB, selective
     40.9 -> 38.9; 8B pretraining selective 114.8 -> 112.8) and on CPU with the same partitioner
-    (tests/test_plan.py): each RMSNorm keeps only its bf16 input (2h, not the fp32 copy and the
+    (tests/unit/test_plan.py): each RMSNorm keeps only its bf16 input (2h, not the fp32 copy and the
     normalised output), SiLU(gate) is recomputed from gate (2f), a dropout mask is a 1-byte bool;
     under selective, down_proj's output (2h), which only the residual add reads, is not kept."""
     m, p, lo = spec.model, spec.parallel, spec.lora

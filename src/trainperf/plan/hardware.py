@@ -84,7 +84,7 @@ class GPU(Datasheet):
     host_gpu_overlap_k: float = 6.0
     # eager float8: host seconds per float8 GEMM (its casts and torchao's tensor-subclass dispatch);
     # fitted to a host-bound small shape (hidden 1024, 8 layers, seq 2048) on one H200: 0.222 s bf16
-    # -> 0.453 s fp8, measured 2026-11-30 (tests/test_gpu.py's fp8 test)
+    # -> 0.453 s fp8, measured 2026-11-30 (tests/gpu/test_gpu.py's fp8 test)
     host_fp8_s_per_gemm: float = 0.52e-3
     # train.offload_layers: the saved-tensor hooks' Python (a storage check, stream waits and a copy
     # per saved tensor, ~20 per layer) -- assumed, not fitted
