@@ -19,11 +19,15 @@ import torch.distributed as dist
 
 
 def adopt_srun_environment() -> None:
-    """srun starts ranks with SLURM_* variables only: give them torchrun's names."""
-    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+    """srun started this process as one of several tasks, with SLURM_* variables only: give them
+    torchrun's names (a single task is a lone process)."""
+    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]  # "4(x2)": 4 tasks on each of 2 nodes
+        if per_node:
+            os.environ.setdefault("LOCAL_WORLD_SIZE", per_node)
         os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
 

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from trainperf.parallel.distributed import init_distributed
 from trainperf.preflight import checks
 
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor).*")
@@ -28,35 +29,12 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.(all_gather_in
 class Ctx:
     def __init__(self, device: str):
         self.is_cuda = device == "cuda"
+        self.owns_group = not dist.is_initialized()
+        self.rank, self.world, self.local_rank = init_distributed(device)
         self.lone = "RANK" not in os.environ
-        if self.lone and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-            # srun started us as one of its tasks: torch reads the torchrun variables
-            os.environ["RANK"] = os.environ["SLURM_PROCID"]
-            os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-            os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
-            os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0])
-            os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
-            os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
-            self.lone = False
-        self.rank = 0 if self.lone else int(os.environ["RANK"])
-        self.world = 1 if self.lone else int(os.environ["WORLD_SIZE"])
-        self.local_rank = 0 if self.lone else int(os.environ.get("LOCAL_RANK", "0"))
         self.device = torch.device("cuda", self.local_rank) if self.is_cuda else torch.device("cpu")
         self.dtype = torch.bfloat16 if self.is_cuda else torch.float32
-        kwargs: dict = {}
-        if self.lone:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            kwargs = dict(init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-        self.owns_group = not dist.is_initialized()
-        if self.owns_group:
-            if self.is_cuda:
-                torch.cuda.set_device(self.local_rank)
-                dist.init_process_group("nccl", device_id=self.device, **kwargs)
-            else:
-                dist.init_process_group("gloo", **kwargs)
-        elif self.is_cuda:
+        if not self.owns_group and self.is_cuda:
             torch.cuda.set_device(self.local_rank)
 
     def sync(self) -> None:
