@@ -76,7 +76,9 @@ def run(args) -> int:
     if args.calibrate:
         return calibrate(args)
     try:
-        ranking = _search(args, headroom)
+        base = _resolve_inputs(args)
+        gpu, measured_note = _pick_gpu(args)
+        ranking = _search(args, base, gpu, measured_note, headroom)
     except SpecError as exc:
         return bad_input(str(exc), args.json)
     try:
@@ -89,16 +91,11 @@ def run(args) -> int:
     return _print_table(args, ranking)
 
 
-def _search(args, headroom: float) -> Ranking:
-    """Every valid layout ranked; SpecError on bad input, before the GPU file or the store is read."""
+def _resolve_inputs(args):
+    """The workload's spec with the user's config and overrides; SpecError on bad input, before the GPU
+    file is read or the store is opened for a preflight."""
     # the YAML/TOML readers load only when a spec is resolved, not for --help
     from trainperf.core.resolve import resolve_spec
-
-    # the GPU presets load only when a plan is asked for
-    from trainperf.plan.hardware import load_gpu
-
-    # the search over layouts loads only when a plan is asked for
-    from trainperf.plan.search import plan
 
     # the workload registry imports torch and the model: only when a plan is asked for
     from trainperf.workloads import get_workload
@@ -109,13 +106,27 @@ def _search(args, headroom: float) -> Ranking:
         raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
     if args.samples is not None and not args.samples > 0:
         raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
-    # the spec first (resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8):
-    # bad input fails before the GPU file is read or the store is opened for a preflight
-    base = resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+    # resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8
+    return resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+
+
+def _pick_gpu(args):
+    """(the --gpu preset or YAML, a note) -- with the figures the newest preflight of it measured,
+    unless --datasheet (the note names them; None when the preset is used as is)."""
+    # the GPU presets load only when a plan is asked for, not for --help
+    from trainperf.plan.hardware import load_gpu
+
     gpu = load_gpu(args.gpu)
-    measured_note = None
-    if not args.datasheet:  # the newest preflight of this GPU model beats the datasheet figures
-        gpu, measured_note = _measured_gpu(gpu, args.db)
+    if args.datasheet:
+        return gpu, None
+    return _measured_gpu(gpu, args.db)  # the newest preflight of this GPU model beats the datasheet figures
+
+
+def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Ranking:
+    """Every valid layout of the spec on --gpus GPUs, ranked."""
+    # the search over layouts loads only when a plan is asked for, not for --help
+    from trainperf.plan.search import plan
+
     per_node = args.gpus_per_node or min(args.gpus, 8)
     gbs_values = _batch_sizes(args, base)
     fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom)
