@@ -12,25 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from types import ModuleType
 
-from trainperf.cli import (
-    data,
-    demo,
-    plan,
-    preflight,
-    report,
-    run,
-    score,
-    sweep,
-    trace,
-    tune,
-    workloads,
-)
 from trainperf.cli.errors import EXIT_BAD_INPUT, bad_input
-
-# in `trainperf --help` order
-COMMANDS = {"run": run, "plan": plan, "tune": tune, "sweep": sweep, "workloads": workloads, "report": report,
-            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo}
 
 _ARGV: list[str] = []
 
@@ -42,10 +26,32 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"trainperf: error: {message}\n")
 
 
+def commands() -> dict[str, ModuleType]:
+    """The command modules by name, in `trainperf --help` order."""
+    # imported on first use, not with this package: `python -m trainperf.cli.preflight` runs that module
+    # as __main__ and warns when the package has imported it already
+    from trainperf.cli import (
+        data,
+        demo,
+        plan,
+        preflight,
+        report,
+        run,
+        score,
+        sweep,
+        trace,
+        tune,
+        workloads,
+    )
+
+    return {"run": run, "plan": plan, "tune": tune, "sweep": sweep, "workloads": workloads, "report": report,
+            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainperf", description="Prove, tune and explain how fast a GPU cluster trains LLMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, command in COMMANDS.items():
+    for name, command in commands().items():
         command.add_arguments(sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION))
     return parser
 
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainperf.store.db import StoreError
 
     try:
-        return COMMANDS[args.command].run(args)
+        return commands()[args.command].run(args)
     except StoreError as exc:  # a store that went bad after it opened (e.g. read-only, full disk)
         return bad_input(str(exc), getattr(args, "json", False))
     except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks
