@@ -35,7 +35,8 @@ import sys
 import tempfile
 
 from trainperf.core.errors import SpecError
-from trainperf.core.resolve import load_config_file
+from trainperf.core.resolve import load_config_file, resolve_spec
+from trainperf.parallel.launcher import Interrupted, run_passing_signals
 
 
 def _as_list(v) -> list:
@@ -114,8 +115,7 @@ def _item_label(item: dict) -> str:
 
 
 def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
-    from trainperf.core.resolve import resolve_spec
-    from trainperf.workloads import get_workload
+    from trainperf.workloads import get_workload  # the workloads import torch: not for `sweep status`
 
     try:
         return resolve_spec(get_workload(item["workload"]).defaults(), None,
@@ -169,8 +169,6 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
 
     Each item is claimed in the store before it runs, so two sweeps started on one file (or two files
     that share a name) never run an item twice; an item another live process holds is skipped."""
-    from trainperf.parallel.launcher import Interrupted, run_passing_signals
-
     store.add_sweep_items(sweep_id, items)
     problems = {item["item_id"]: layout_problem(item, extra_sets) for item in items}
     for item in sorted(items, key=lambda it: problems[it["item_id"]] is None):  # the refused ones first, at once

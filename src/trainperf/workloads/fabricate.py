@@ -15,12 +15,16 @@ recipe. The fabricated data make the 0.925 target reachable within the closed sc
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from trainperf.core.spec import ModelSpec
+from trainperf.data import govreport
+from trainperf.model.checkpoint import model_fields_to_hf_config
 
 VOCAB = 8
 SUCCESSOR_STEPS = (1, 3)  # token x is followed by x+1 or x+3 (mod VOCAB), each with probability 1/2
@@ -82,12 +86,6 @@ def base_weights(m: ModelSpec, fused_qkv: bool, seed: int = 0) -> dict[str, torc
 
 def write_base_checkpoint(dest: str | Path, fused_qkv: bool = True, shards: int = 2) -> Path:
     """A Hugging Face checkpoint dir (config.json, safetensors shards, index) of the analytic base."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from trainperf.model.checkpoint import model_fields_to_hf_config
-
     m = tiny_model()
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -106,8 +104,6 @@ def write_base_checkpoint(dest: str | Path, fused_qkv: bool = True, shards: int 
 
 def write_govreport_like(dest: str | Path, train_rows: int, eval_rows: int, seq_len: int, fmt: str = "parquet") -> Path:
     """GovReport-format rows of the chain: train loss on all tokens, validation on the second half."""
-    from trainperf.data import govreport
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     train_ids = sample_chain(train_rows, seq_len, seed=11)

@@ -39,7 +39,10 @@ from trainperf.core.spec import (
     TrainSpec,
 )
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
-from trainperf.data.tokens import TokenSplit, save_split
+from trainperf.data.tokens import TokenSplit, load_split, save_split
+from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into, save_hf_checkpoint
+from trainperf.model.llama import LlamaForCausalLM, init_full_tensor
+from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss, train_loss_sum
 
 VOCAB, BRANCHING, SOURCE_SEED = 64, 3, 1
 SEQ = 64
@@ -129,9 +132,6 @@ BASE_STEPS, BASE_BATCH, BASE_LR = 400, 16, 3e-3
 
 def _eval_loss_of_checkpoint(path: Path, val: TokenSplit) -> float:
     """Eval loss (the training definition) of a checkpoint on a split: shows the base misses the target."""
-    from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into
-    from trainperf.model.llama import LlamaForCausalLM
-    from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss
 
     model = LlamaForCausalLM(mini_model())
     load_checkpoint_into(model, inspect_checkpoint(str(path)))
@@ -142,9 +142,6 @@ def _eval_loss_of_checkpoint(path: Path, val: TokenSplit) -> float:
 
 def base_checkpoint() -> tuple[Path, dict]:
     """The mini-lora base: the mini decoder pretrained on source A. Produced once, cached."""
-    from trainperf.model.checkpoint import save_hf_checkpoint
-    from trainperf.model.llama import LlamaForCausalLM, init_full_tensor
-    from trainperf.model.loss import train_loss_sum
 
     cfg = mini_model()
     key = _key(kind="base", steps=BASE_STEPS, batch=BASE_BATCH, lr=BASE_LR, cfg=cfg.__dict__)
@@ -152,8 +149,6 @@ def base_checkpoint() -> tuple[Path, dict]:
     with _locked("base") as root:
         dest = root / f"mini-lora-base-{key}"
         if not (dest / "config.json").is_file():
-            from trainperf.data.tokens import load_split
-
             t0 = time.perf_counter()
             torch.manual_seed(0)
             train = load_split(str(data_dir), "train")
