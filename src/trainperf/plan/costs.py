@@ -207,7 +207,7 @@ def _shared_input_groups(targets: list[str]) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RankShape:
     """One GPU's share of a step in the module's notation, and the parameters it holds (worst pipeline
     rank: the first holds the embedding, the last the LM head; both are V*h, so either is the worst)."""
@@ -230,6 +230,8 @@ class RankShape:
     p_edge: float
     psi: float  # parameters before TP and FSDP
     psi_train: float  # of them, the trained ones
+    recomputed_share: float  # of a stage's layers (recomputed_share)
+    offloaded_share: float  # of a stage's layers (offloaded_share)
 
 
 def rank_shape(spec: RunSpec) -> RankShape:
@@ -245,7 +247,8 @@ def rank_shape(spec: RunSpec) -> RankShape:
     return RankShape(t=p.tp, c=c, pp=pp, R=p.dp_replicate, d=p.dp_shard * c, dp=dp, v=stages_per_rank(p), S=S, b=b,
                      mb=tr.global_batch_size // (dp * b), h=h, V=V, L=m.num_layers, L_rank=L_rank,
                      tokens_mb=b * S / c, p_layer=p_layer, p_edge=p_edge, psi=psi,
-                     psi_train=metrics.lora_params(m, lo) / pp if lo.enabled else psi)
+                     psi_train=metrics.lora_params(m, lo) / pp if lo.enabled else psi,
+                     recomputed_share=recomputed_share(spec), offloaded_share=offloaded_share(spec))
 
 
 @dataclass
@@ -334,7 +337,7 @@ def activation_memory(spec: RunSpec, s: RankShape, est: Estimate) -> float:
     layers = inflight_layers(spec, s)
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all;
     # train.offload_layers: that share keeps nothing on the GPU between its forward and its backward
-    share, off_share = recomputed_share(spec), offloaded_share(spec)
+    share, off_share = s.recomputed_share, s.offloaded_share
     others_share = 1.0 - share - off_share
     others = tr.recompute_others  # what the layers recompute_layers leaves out get
     per_layer = share * activation_bytes_per_token_layer(spec) + others_share * activation_bytes_per_token_layer(spec, others)
@@ -417,8 +420,8 @@ def add_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBat
         t_recompute = micro.gemm * (0.5 if lo.enabled else 1 / 3) + micro.attention / 3 + micro.elementwise / 3
     elif tr.recompute == "selective":
         t_recompute = t_selective
-    share = recomputed_share(spec)
-    others_share = 1.0 - share - offloaded_share(spec)
+    share = s.recomputed_share
+    others_share = 1.0 - share - s.offloaded_share
     micro.recompute = share * t_recompute + others_share * (t_selective if tr.recompute_others == "selective" else 0.0)
 
 
@@ -426,7 +429,7 @@ def add_offload_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: in
                         micro: MicroBatchSeconds, est: Estimate) -> None:
     """train.offload_layers: PCIe copies on side streams, hidden unless they outlast the compute beside
     them; also the GPU memory of the copies out still queued at the peak."""
-    if offloaded_share(spec) <= 0:
+    if s.offloaded_share <= 0:
         return
     # one layer's set, one way, on this GPU's share of its PCIe switch's uplink (every rank of the
     # node copies at the same points of the step)
