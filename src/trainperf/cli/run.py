@@ -11,16 +11,10 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import add_common, add_out
+from trainperf.core.results import RUN_JSON_KEYS
 
 HELP = "train a workload to its quality target (MLPerf clock, log, store)"
 DESCRIPTION = "Train WORKLOAD until its eval loss meets the target; exit 1 if max steps come first."
-
-# the one list of a run summary's keys in `run --json` (the typed run summary's fields can replace it)
-SUMMARY_KEYS = ("run_id", "workload", "status", "status_reason", "time_to_train_s", "samples_to_target",
-                "final_eval_loss", "target", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu",
-                "peak_mem_gib", "peak_reserved_gib", "optimizer", "optimizer_state_gib", "cuda_alloc_retries", "cuda_alloc_conf", "activation_offload_gib_per_step", "pinned_host_gib", "layout",
-                "placement", "world_size", "mllog", "out_dir", "adapter", "seed", "predicted")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="workload name (see `trainperf workloads`)")
@@ -124,7 +118,7 @@ def run(args, workload: str | None = None) -> int:
         summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress)
     summary["wall_s"] = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({k: summary.get(k) for k in SUMMARY_KEYS} | {"evals": summary.get("evals", []),
+        print(json.dumps({k: summary.get(k) for k in RUN_JSON_KEYS} | {"evals": summary.get("evals", []),
                                                                      "wall_s": summary["wall_s"]}, indent=2))
     else:
         _print_summary(summary)
