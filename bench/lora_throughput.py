@@ -26,6 +26,7 @@ else:  # run as a script: python bench/lora_throughput.py
     from common import append_json_line, has_cuda
 from trainperf.core.spec import LoRASpec, ModelSpec, RunSpec, TrainSpec
 from trainperf.core import flops as metrics
+from trainperf.core.hardware import peak_flops_for
 from trainperf.model.loss import train_loss_sum
 
 SHAPES = {  # Llama-2 shapes (vocab 32000)
@@ -138,7 +139,7 @@ def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_l
     """Run each (name, fn, kwargs) side in turn in this process, print its tokens/s, model TFLOP/s,
     MFU and peak memory (or that it does not fit), the ratio of the first to the second, and append
     everything as one JSON line to ``json_path``."""
-    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
+    peak = peak_flops_for(torch.cuda.get_device_name())
     results = {}
     for name, fn, kwargs in sides:
         r = run_side(fn, **kwargs)

@@ -20,6 +20,7 @@ import lora_throughput as bench
 from common import has_cuda
 from trainperf.core.spec import ModelSpec
 from trainperf.core import flops as metrics
+from trainperf.core.hardware import peak_flops_for
 
 SEQ = 8192
 
@@ -29,7 +30,7 @@ def main() -> int:
         return 2
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=SEQ, **bench.SHAPES["7b"])
     flops_tok = metrics.train_flops_per_token(model_spec, bench.LORA, SEQ)
-    peak = metrics.peak_flops_for(torch.cuda.get_device_name())
+    peak = peak_flops_for(torch.cuda.get_device_name())
     for graphs, lora_kernel in ((False, "torch"), (True, "torch"), (True, "fused"), (False, "torch")):
         inductor_config.triton.cudagraphs = graphs
         torch._dynamo.reset()  # compile afresh under the setting

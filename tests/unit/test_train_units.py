@@ -16,6 +16,7 @@ from trainperf.data.sampler import GlobalBatchSampler, eval_shards
 from trainperf.data.tokens import TokenSplit
 from trainperf.core.spec import LoRASpec, ModelSpec, TrainSpec
 from trainperf.core import flops as metrics
+from trainperf.core.hardware import peak_flops_for
 from trainperf.train.loop import clip_gradients, evaluate, lr_at
 from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss, row_loss_sums, shift_targets, train_loss_sum
 
@@ -364,11 +365,11 @@ def test_llama2_7b_linear_params():
 
 
 def test_peak_flops_and_mfu():
-    assert metrics.peak_flops_for("NVIDIA H200") == 989e12
-    assert metrics.peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
-    assert metrics.peak_flops_for("NVIDIA A100-SXM4-80GB") == 312e12
-    assert metrics.peak_flops_for("NVIDIA H100 PCIe") == 756e12
-    assert metrics.peak_flops_for("cpu") is None
+    assert peak_flops_for("NVIDIA H200") == 989e12
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_for("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_for("cpu") is None
     assert metrics.mfu(1e9, 1000.0, None) is None
     assert metrics.mfu(1e9, 1000.0, 1e13) == pytest.approx(0.1)
 

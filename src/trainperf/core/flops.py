@@ -1,4 +1,4 @@
-"""Model FLOPs, MFU and peak FLOP/s: the honest numbers.
+"""Model FLOPs and MFU: the honest numbers (the peak FLOP/s per GPU is core.hardware's).
 
 Model FLOPs count what the model needs, never recomputation:
   * every Linear of N weights costs 2·N FLOPs per token forward, 2·N for the input gradient and 2·N
@@ -15,7 +15,6 @@ MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100/H200 SXM:
 
 from __future__ import annotations
 
-from trainperf.core.hardware import peak_flops_for as peak_flops_for  # MFU's denominator: the datasheets'
 from trainperf.core.spec import LoRASpec, ModelSpec
 
 

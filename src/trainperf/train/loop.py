@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from trainperf import __version__
 from trainperf.core import flops as metrics
+from trainperf.core.hardware import peak_flops_for
 from trainperf.core.files import atomic_write_text
 from trainperf.core.layout import (
     Layout,
@@ -365,7 +366,7 @@ class _Run:
         self.flops_per_token = metrics.train_flops_per_token(spec.model, spec.lora, d.seq_len)
         gpu_name = hw.get("gpu") if spec.hardware.gpu == "auto" else spec.hardware.gpu
         self.peak = spec.hardware.peak_tflops * 1e12 if spec.hardware.peak_tflops else (
-            metrics.peak_flops_for(gpu_name) if gpu_name else None)
+            peak_flops_for(gpu_name) if gpu_name else None)
 
     def execute(self) -> RunSummary:
         self.log_submission()
