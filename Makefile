@@ -1,6 +1,7 @@
 # On a fresh machine:
 #   make demo        set up .venv, then run the main job (mini-lora to target on 2 processes) and the report
-#   make check       set up .venv with the test extras, then the unit tier (tests/unit: no process started; < 1 min)
+#   make check       set up .venv with the test extras, then the unit tier's fast tests (tests/unit: no process
+#                    started; the few marked slow, which compile graphs, are left to make test)
 #   make test        everything that leaves the host as it is: unit + integration (CLI subprocesses, torchrun,
 #                    multi-process gloo) + gpu (skipped without CUDA)
 #   make test-slurm  the real-Slurm tier: installs slurm-wlm and munge, writes /etc/slurm and starts the daemons
@@ -44,7 +45,7 @@ demo: $(STAMP)
 	$(VENV)/bin/trainperf demo
 
 check: $(STAMP_TEST)
-	$(PY) -m pytest -q -ra tests/unit
+	$(PY) -m pytest -q -ra -m "not slow" tests/unit
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -q -ra --durations=15 -m "not slurm" tests

@@ -198,6 +198,7 @@ def test_recomputation_redraws_the_forwards_masks(mode):
         torch.testing.assert_close(grads2[name], grads[name], msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_compiled_layers_draw_the_eager_masks(mode):
     """Per-layer torch.compile (AOT autograd, as under Inductor) keeps the op one node and draws its

@@ -577,6 +577,7 @@ def test_float8_full_training_swaps_the_decoder_linears_only():
     assert (grads[1] - grads[0]).norm() / grads[0].norm() < 0.15
 
 
+@pytest.mark.slow
 def test_compiled_layers_share_one_graph_with_fp8_and_hybrid_recompute():
     """train.compile with hardware.fp8 and train.recompute=full for some layers, selective for the rest
     (what plan picks for the 70B recipe): every decoder layer compiles (fullgraph) and the layers reuse
@@ -622,6 +623,7 @@ def test_compiled_layers_share_one_graph_with_fp8_and_hybrid_recompute():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 4
 
 
+@pytest.mark.slow
 def test_compiled_full_recompute_layers_checkpoint_around_the_compiled_forward():
     """A fully recomputed layer is checkpoint(compiled forward), not compile(checkpoint(forward)): traced
     inside, the checkpoint of a float8 layer kept 1.16 GiB of float8 copies per 70B layer on the H200

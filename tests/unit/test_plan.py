@@ -96,6 +96,7 @@ def test_activation_bytes_are_what_the_layer_saves(shape, lora, mode):
     ({"hidden_size": 256, "intermediate_size": 688, "num_heads": 4, "num_kv_heads": 4}, None, "none"),
     ({"hidden_size": 384, "intermediate_size": 512, "num_heads": 6, "num_kv_heads": 2}, {"rank": 16, "dropout": 0.1}, "selective"),
 ])
+@pytest.mark.slow
 def test_compiled_activation_bytes_are_what_the_partitioner_keeps(shape, lora, mode):
     """train.compile: what the compiled layer keeps (norms their bf16 input only, SiLU recomputed,
     bool masks, selective without down_proj's output) -- the rule that also matches the H200 runs

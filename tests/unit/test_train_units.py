@@ -493,6 +493,7 @@ def test_expandable_segments_joins_the_allocator_settings_the_environment_alread
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
+@pytest.mark.slow
 def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_like_adamw():
     """train.optimizer=adamw8bit: torchao's AdamW8bit, its moments 1 byte per element plus an fp32 scale
     per 256 and a code book per tensor (the run summary's optimizer_state_gib counts them through the
