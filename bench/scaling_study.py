@@ -32,7 +32,7 @@ NVIDIA_8GPU = {"DP2xTP4+SP": ["parallel.tp=4", "parallel.sp=true", "parallel.dp_
 THROUGHPUT = ["mlperf.division=open", "data.train_samples=64", "data.eval_samples=173",
               "eval.every_samples=1000000000", "train.untimed_warmup_steps=1"]
 # per-layer compile is the engine's fastest path (70B bf16 2 x H200: 0.178 samples/s/GPU compiled);
-# context parallel runs eager (compile + CP is refused on torch 2.11, specs.py)
+# context parallel runs eager (compile + CP is refused on torch 2.11, core/validate.py)
 COMPILED = ["train.compile=true"]
 
 

@@ -10,7 +10,7 @@ nothing; run the same phase again and it carries on):
 
 ``grid`` runs every layout `trainperf plan` enumerates as fitting (plus the workload's default layout,
 no --set at all), each exactly as a tune trial runs (the same `trainperf run` command, see
-launch/tune.py: trial_command) but for ``--grid-steps`` steps, and records step time, peak memory, the
+runner/tune.py: trial_command) but for ``--grid-steps`` steps, and records step time, peak memory, the
 planner's prediction and the trial's wall time. ``tune`` runs the real `trainperf tune --json` with
 its defaults, timed. ``score`` prints the goal's three figures: the tuner's winner against the grid's
 best (measured in the grid), the tuner's trial time against the grid's, and the default layout's

@@ -499,7 +499,7 @@ def status_lines(store, sweep_id: str | None = None) -> list[str]:
 
 
 def add_slurm_args(parser) -> None:
-    """`trainperf sweep` flags of the Slurm backend (for cli.py to call on the sweep sub-parser)."""
+    """`trainperf sweep` flags of the Slurm backend (for the sweep command's parser)."""
     parser.add_argument("--wait", action="store_true", default=None,
                         help="slurm backend: after submitting, poll until every job of the sweep has finished "
                              "(same as slurm.wait: true in the sweep file)")

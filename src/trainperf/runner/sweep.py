@@ -20,7 +20,7 @@ process tree, so an OOM or a crash is recorded against that item and the queue g
 claimed in the store before it runs (two sweep processes never run one item twice); a SIGTERM to the
 sweep reaches the run, and the item goes back to pending for the next invocation.
 ``backend: slurm`` with a ``slurm:`` mapping (partition, nodes, gpus_per_node, time, account,
-extra_sbatch, setup, container_image, container_mounts, ...; see launch/slurm.py): one sbatch job per
+extra_sbatch, setup, container_image, container_mounts, ...; see runner/slurm.py): one sbatch job per
 unfinished item, its job id recorded on the item; re-running the file collects finished jobs and
 submits only what is neither finished nor queued. With a slurm backend, a run block without
 nproc_per_node uses slurm.gpus_per_node (or 1 on CPU nodes).
@@ -159,7 +159,7 @@ def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
 
 def run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
               echo=print, wait: bool | None = None) -> dict:
-    """Kept for cli.py: dispatches on the sweep file's backend like run_sweep."""
+    """For the sweep command: dispatches on the sweep file's backend like run_sweep."""
     return run_sweep(store, sweep_id, items, db, out, extra_sets, echo, wait)
 
 
