@@ -1,16 +1,6 @@
-"""LoRA dropout under tensor parallel + sequence parallel (2 gloo ranks).
-
-The gradient that reaches a replicated input of a column-parallel LoRALinear is a partial sum. CUDA's
-fused dropout (``native_dropout``) has a backward DTensor treats as a plain pointwise op, so it
-all-reduced a full activation per adapter per micro-batch -- 744 64-MiB all-reduces per step in the
-7B TP2+SP trace on 2 x H200 (docs/OBSERVABILITY.md). ``lora_dropout`` is a mask multiply on DTensors,
-through which partial sums pass. CPU's F.dropout already decomposes into a multiply, so the CUDA path
-is reproduced here by calling ``torch.native_dropout`` explicitly.
-
-The mask is drawn on a plain tensor of the global shape (TP ranks seeded alike) and cut to the input's
-placements: the shards are the mask one process draws, and torch.compile traces it (``bernoulli_`` on a
-DTensor failed under compile on the H200, torch 2.11).
-"""
+"""LoRA dropout under tensor parallel, the single-process half: how ranks' seeds follow the mesh
+(tests/integration/test_tp_lora_dropout.py runs the 2-rank TP + SP case and says why the mask is
+drawn as it is)."""
 
 from __future__ import annotations
 
