@@ -417,7 +417,7 @@ def _kept_then_gib(spec, est) -> float:
     """What the engine of these twelve measurements kept that today's does not: selective recompute
     kept the adapters' GEMM outputs (A's r and B's projection-wide output per adapted projection), and
     AdamW ran with foreach, whose step allocates sqrt(exp_avg_sq) (4 B per local trainable parameter,
-    beyond what the backward had freed). Both changed in the fourth session; the memory of that engine
+    beyond what the backward had freed). Both changed on 2026-11-30; the memory of that engine
     is today's prediction plus these bytes."""
     from trainperf.plan.costs import _projections
 

@@ -141,7 +141,7 @@ def test_kernel_table_predicts_the_twelve_layouts_within_the_issue_goal_where_fl
 
 
 def test_the_h200_table_prices_flash4_as_measured_at_7b_lora_s8192():
-    """The packaged table's FA4 column (twelfth session): the 7B LoRA step 2.4-3.4% faster than with SDPA
+    """The packaged table's FA4 column (measured 2026-12-01): the 7B LoRA step 2.4-3.4% faster than with SDPA
     on three H200s; the planner's prediction falls in that neighbourhood, and SDPA's is unchanged."""
     assert load_table("h200").has_attention_kernel("flash4")
     base = ["parallel.dp_shard=1", "train.compile=true"]
