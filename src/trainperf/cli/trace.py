@@ -17,7 +17,8 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.trace import SUMMARY_FILE, TRACE_DIR
-from trainperf.trace.analyze import OVERHEAD_GOAL_PCT, analyze_dir
+from trainperf.trace.overhead import OVERHEAD_GOAL_PCT
+from trainperf.trace.summary import analyze_dir
 
 HELP = "profile a few training steps on every rank: compute, comm, overlap, collectives, stragglers"
 DESCRIPTION = ("Run WORKLOAD for a few steps with torch.profiler on every rank (after warm-up), then report compute / "

@@ -37,6 +37,7 @@ from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.model.flash4 import causal_attention
 from trainperf.model.float8 import apply_float8
 from trainperf.model.lora import apply_lora, project
+from trainperf.model.loss import chunked_loss_sum
 from trainperf.model.options import ModelOptions
 
 
@@ -200,8 +201,6 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:
             return h
         if labels is not None and loss_chunk_tokens > 0:
-            from trainperf.model.loss import chunked_loss_sum
-
             return chunked_loss_sum(self.lm_head, h, labels, label_mask, loss_chunk_tokens)
         return self.lm_head(h)
 

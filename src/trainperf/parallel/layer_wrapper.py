@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainperf.model.llama import DecoderLayer
 
@@ -56,14 +57,10 @@ class LayerWrapper(nn.Module):
         return DecoderLayer.forward(self, x, cos, sin)
 
     def selective_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
         return checkpoint(self.layer_forward, x, cos, sin, use_reentrant=False, context_fn=self.context_fn)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.memory_mode == "full":  # checkpoint's default context, around the (compiled) forward
-            from torch.utils.checkpoint import checkpoint
-
             return checkpoint(self.body, x, cos, sin, use_reentrant=False)
         if self.memory_mode == "offload":
             with self.offloader.layer_context(self.index, self, (x, cos, sin)):

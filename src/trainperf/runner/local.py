@@ -4,22 +4,35 @@ on this machine, or in-process when an external torchrun/srun already started us
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
+import socket
 import subprocess
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from trainperf.core.errors import SpecError
+from trainperf.core.flops import lora_params, total_params
 from trainperf.core.layout import layout_string
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.mlperf.recipes import check_closed_rules, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
+from trainperf.parallel.distributed import init_distributed, record_collectives
 from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
+from trainperf.plan.costs import check_memory, estimate
+from trainperf.plan.hardware import preset_for_device
 from trainperf.runner.checks import cuda_available, validate_run
+from trainperf.store.db import Store
+from trainperf.trace.capture import profiler_for
+from trainperf.train.live_metrics import MetricsServer
+from trainperf.train.loop import RunContext, RunHooks, RunInterrupted, apply_cuda_alloc_conf, pick_device, train
 from trainperf.workloads import get_workload
 
 
@@ -68,8 +81,6 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
     spec = resolve_spec(defaults, config, overrides)
     asked = {k: getattr(spec.model, k) for k in ckpt.HF_CONFIG_KEYS if getattr(spec.model, k) != getattr(defaults.model, k)}
     if spec.hardware.device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             raise SpecError("hardware.device=cuda but no CUDA device is visible; use hardware.device=cpu or auto")
         if world_size > torch.cuda.device_count() and external_launcher() is None:
@@ -107,8 +118,6 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
 def check_metrics_endpoint(host: str, port: int) -> None:
     """The address rank 0 will serve live metrics on: resolvable here and free now (the server binds
     it after the model is built; a bad one would end the run there)."""
-    import socket
-
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
@@ -139,12 +148,7 @@ def visible_gpu() -> tuple[str, float] | None:
 
 def check_device_memory(spec: RunSpec, world_size: int) -> None:
     """On a GPU machine the planner's memory estimate gates the launch (OOM predicted = bad input)."""
-    import dataclasses
-
     # the planner's memory model: only when a run is launched on a GPU machine
-    from trainperf.plan.costs import check_memory
-    from trainperf.plan.hardware import preset_for_device  # ... and its GPU presets
-
     if spec.hardware.device == "cpu" or not cuda_available():
         check_host_memory(spec)
         return
@@ -158,11 +162,6 @@ def check_device_memory(spec: RunSpec, world_size: int) -> None:
 def host_memory_floor_gib(spec: RunSpec) -> float:
     """What a CPU run holds at least, whatever its layout (all its processes share this machine): the
     weights, and the trainable ones' gradients and optimizer state. Activations come on top."""
-    from trainperf.core.flops import (  # only for a CPU run's memory check
-        lora_params,
-        total_params,
-    )
-
     total = total_params(spec.model)
     trainable = lora_params(spec.model, spec.lora) if spec.lora.enabled else total
     weight_bytes = 2 if "bf16" in (spec.hardware.dtype, spec.hardware.frozen_dtype) else 4
@@ -194,10 +193,6 @@ def check_host_memory(spec: RunSpec) -> None:
 def predict_run(spec: RunSpec, hw: dict) -> dict:
     """What the planner predicts for this run on this GPU (nothing on CPUs or unknown GPUs): kept
     with the run so `report` can show predicted against measured."""
-    # the planner: only when a run starts
-    from trainperf.plan.costs import estimate
-    from trainperf.plan.hardware import preset_for_device  # ... and its GPU presets
-
     gpu = preset_for_device(hw.get("gpu") or "")
     if gpu is None:
         return {}
@@ -209,11 +204,6 @@ def predict_run(spec: RunSpec, hw: dict) -> dict:
 def run_hooks():
     """What the trainer gets from the layers above it: the planner's prediction, the step profiler
     (train.profile_steps), the live-metrics server (train.metrics_port)."""
-    # the tracer and the trainer pull in torch: only when a run starts, not for --help
-    from trainperf.trace.capture import profiler_for
-    from trainperf.train.live_metrics import MetricsServer  # prometheus_client: only when a run starts
-    from trainperf.train.loop import RunHooks  # torch: only when a run starts
-
     return RunHooks(predict=predict_run, profiler_factory=profiler_for, metrics_server_factory=MetricsServer)
 
 
@@ -232,15 +222,6 @@ def git_sha() -> str | None:
 
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
-    # the store: only when a run starts, not for --help
-    from trainperf.store.db import Store
-    from trainperf.train.loop import (  # the trainer with torch: only when a run starts
-        RunContext,
-        RunInterrupted,
-        apply_cuda_alloc_conf,
-        train,
-    )
-
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
     run_dir = Path(out_root) / run_id
@@ -253,8 +234,6 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree
-            import torch.distributed as dist
-
             try:
                 train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
                                        hooks=run_hooks()))
@@ -303,17 +282,6 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
 
 def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
-    import torch.distributed as dist
-
-    # the process group: only when a run starts, not for --help
-    from trainperf.parallel.distributed import init_distributed, record_collectives
-    from trainperf.train.loop import (  # the trainer: only when a run starts
-        RunContext,
-        apply_cuda_alloc_conf,
-        pick_device,
-        train,
-    )
-
     apply_cuda_alloc_conf(spec)
     # what must be in place before the group exists, which train() finds already made: the timeout (a
     # group's cannot change later) and the Flight Recorder. The run folder, where a dump goes, is agreed
