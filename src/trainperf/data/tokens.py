@@ -93,7 +93,7 @@ def verify_token_range(path: str, split: str, vocab_size: int) -> None:
 
 
 def load_split(path: str, split: str) -> TokenSplit:
-    """Read a split (its ids were verified before launch: see launch.local.prepare)."""
+    """Read a split (its ids were verified before launch: see runner.local.prepare)."""
     with safe_open(str(Path(path) / f"{split}.safetensors"), framework="pt") as sf:
         ids = sf.get_tensor("input_ids").to(torch.int64)
         mask = sf.get_tensor("loss_mask").to(torch.bool)

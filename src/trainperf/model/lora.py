@@ -29,7 +29,7 @@ def lora_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     - a plain draw, not DTensor's RNG: ``bernoulli_`` on a DTensor fails under torch.compile (fake
       tensors meet DTensor's CUDA RNG tracker, torch 2.11), and off CUDA DTensor keeps no replicated
       draw in step at all. Every rank of a tensor-parallel group is seeded alike
-      (``parallelize.tp_group_seed``), so each draws the same global mask: replicated inputs see one
+      (``core.layout.Layout.tp_group_seed``), so each draws the same global mask: replicated inputs see one
       mask, sharded ones their shard of it (what one process drawing the global mask this way would
       draw; one process without TP takes F.dropout, another draw). A sharded input (row-parallel
       o/down) pays tp x the draw and a transient global-shape bool tensor; only its shard is kept

@@ -1,6 +1,6 @@
 """Capture: a torch.profiler window over a few training steps on every rank.
 
-The training loop owns the hook (train/loop.py, a few lines):
+The runner hands ``profiler_for`` to the trainer as its profiler factory (``RunHooks``), which calls it:
 
     prof = profiler_for(spec, ctx.out_dir, rank, device_type, mesh)   # before the step loop
     for step in ...:
@@ -8,7 +8,7 @@ The training loop owns the hook (train/loop.py, a few lines):
         prof.step()                                                   # once per step
     prof.close()                                                      # after the loop
 
-``profiler_for`` gives a no-op when ``train.profile_steps`` is 0, so the loop calls it unconditionally.
+``profiler_for`` gives a no-op when ``train.profile_steps`` is 0, so the trainer calls it unconditionally.
 With profiling on, loop step 1 .. ``profile_wait`` run unprofiled (warm-up of the run itself, and a
 baseline for the overhead), the next ``profile_warmup`` steps warm the profiler up (recorded, then
 discarded, as torch.profiler's schedule does), then ``profile_steps`` steps are recorded; the steps
