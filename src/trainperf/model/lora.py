@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from trainperf.core.spec import LoRASpec
-from trainperf.model.float8 import float8_gemm, frozen_linear, stored_frozen_weight
+from trainperf.model.float8 import FLOAT8_STORAGE, float8_gemm, frozen_linear, stored_frozen_weight
 from trainperf.model.lora_kernel import MAX_ADAPTERS, shared_input_lora_a
 
 
@@ -173,3 +173,15 @@ def peft_adapter_config(spec: LoRASpec, base_model_path: str | None) -> dict:
         "rank_pattern": {},
         "alpha_pattern": {},
     }
+
+
+def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Re-type the frozen (non-adapter) parameters of a meta model. Under FSDP2 mixed precision the
+    compute copies are bf16 anyway, so a bf16-stored base computes exactly the same values while
+    halving its memory; only the adapters keep fp32 masters (FSDP2 wants the trainable ones uniform).
+    Weights the model stores in float8 (hardware.frozen_dtype=fp8) stay so."""
+    for full_name, q in list(model.named_parameters()):
+        if is_adapter_param(full_name) or q.dtype in (dtype, FLOAT8_STORAGE):
+            continue
+        owner_name, _, leaf = full_name.rpartition(".")
+        setattr(model.get_submodule(owner_name), leaf, nn.Parameter(q.to(dtype), requires_grad=False))

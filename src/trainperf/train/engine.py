@@ -20,7 +20,7 @@ from trainperf.core.spec import RunSpec
 from trainperf.model import checkpoint as ckpt
 from trainperf.model.float8 import FLOAT8_STORAGE, write_float8_weight
 from trainperf.model.llama import build_on_meta, init_full_tensor
-from trainperf.model.lora import is_adapter_param
+from trainperf.model.lora import is_adapter_param, store_frozen_base_in
 from trainperf.model.loss import masked_loss_sum, row_loss_sums, shift_targets
 from trainperf.model.options import ModelOptions
 from trainperf.parallel.parallelize import parallelize, split_for_pipeline
@@ -56,7 +56,7 @@ def frozen_storage_dtype(spec: RunSpec, param_dtype) -> torch.dtype | None:
 def model_options(spec: RunSpec, device: torch.device, param_dtype) -> ModelOptions:
     """What the model is built with (model/options.py): the hardware section's kernels, float8 GEMMs
     emulated off GPU, the float8-stored frozen weights' source dtype (the rest of the base's, as
-    store_frozen_base_in stores it, else fp32), and the layout's context and tensor parallel."""
+    lora.store_frozen_base_in stores it, else fp32), and the layout's context and tensor parallel."""
     h = spec.hardware
     float8_from = None
     if spec.lora.enabled and h.frozen_dtype == "fp8":
@@ -64,18 +64,6 @@ def model_options(spec: RunSpec, device: torch.device, param_dtype) -> ModelOpti
     return ModelOptions(attention=h.attention, lora_kernel=h.lora_kernel, fp8=h.fp8,
                         emulate_fp8=device.type != "cuda", frozen_float8_from=float8_from,
                         repeat_kv=spec.parallel.cp > 1, tp=spec.parallel.tp)
-
-
-def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
-    """Re-type the frozen (non-adapter) parameters of a meta model. Under FSDP2 mixed precision the
-    compute copies are bf16 anyway, so a bf16-stored base computes exactly the same values while
-    halving its memory; only the adapters keep fp32 masters (FSDP2 wants the trainable ones uniform).
-    Weights the model stores in float8 (hardware.frozen_dtype=fp8) stay so."""
-    for full_name, q in list(model.named_parameters()):
-        if is_adapter_param(full_name) or q.dtype in (dtype, FLOAT8_STORAGE):
-            continue
-        owner_name, _, leaf = full_name.rpartition(".")
-        setattr(model.get_submodule(owner_name), leaf, nn.Parameter(q.to(dtype), requires_grad=False))
 
 
 class Engine:
