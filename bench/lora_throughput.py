@@ -2,11 +2,16 @@
 
 Same GPU, same process, same shapes, random weights and tokens, LoRA r16 alpha 32 dropout 0.1 on
 q/k/v/o, micro-batch 1, AdamW on the adapters, gradient clipping. Prints tokens/s, model TFLOP/s,
-MFU (LoRA-aware FLOPs, trainperf.core.flops) and peak memory for both, and the ratio.
+MFU (LoRA-aware FLOPs, trainperf.core.flops) and peak memory for every side, and the ratios.
 ``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure;
 ``--lora-kernel torch,fused`` once per LoRA input-side kernel (with both: every pair, attention outer).
+``--hf-sides`` picks the Hugging Face-based peers (HF_SIDES): plain, torch.compile'd per decoder layer,
+and with Liger kernels (fused linear cross-entropy, RMSNorm, SwiGLU, RoPE), eager and compiled; our
+first side is put against each of them and against the fastest.
 
     python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
+    python bench/lora_throughput.py --compile --hf-sides hf_peft,hf_peft_compiled,hf_peft_liger,hf_peft_liger_compiled
+    python bench/lora_throughput.py --check-liger   # Liger's kernels against plain HF on a tiny model, seconds
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import statistics
 import sys
 import time
@@ -35,6 +41,10 @@ SHAPES = {  # Llama-2 shapes (vocab 32000)
     "13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40),
 }
 LORA = LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+# the Hugging Face-based peers: name -> (Liger kernels, torch.compile per decoder layer). Liger patches
+# transformers' Llama module globally (RoPE), so its sides run after the plain ones (hf_sides orders them).
+HF_SIDES = {"hf_peft": (False, False), "hf_peft_compiled": (False, True),
+            "hf_peft_liger": (True, False), "hf_peft_liger_compiled": (True, True)}
 
 
 def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
@@ -56,14 +66,20 @@ def step_figures(step_fn, steps: int, warmup: int) -> dict:
     return {"step_s": statistics.median(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def measure(forward, trainable: list, clip, vocab: int, seq: int, steps: int, warmup: int) -> dict:
-    """Median step time and peak memory of forward/backward/clip/AdamW on one random sequence."""
+def logits_loss(forward):
+    """The mean next-token loss of a forward that returns logits (the loss is ours, the same for all)."""
+    return lambda ids, mask: train_loss_sum(forward(ids), ids, mask) / (ids.shape[1] - 1)
+
+
+def measure(loss_of, trainable: list, clip, vocab: int, seq: int, steps: int, warmup: int) -> dict:
+    """Median step time and peak memory of forward/backward/clip/AdamW on one random sequence;
+    ``loss_of(ids, mask)`` runs the forward and returns the mean loss."""
     opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
     ids = torch.randint(0, vocab, (1, seq), device="cuda")
     mask = torch.ones_like(ids, dtype=torch.bool)
 
     def step():
-        loss = train_loss_sum(forward(ids), ids, mask) / (seq - 1)
+        loss = loss_of(ids, mask)
         loss.backward()
         clip(trainable, 0.3)
         opt.step()
@@ -90,12 +106,11 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
     mesh = build_mesh(spec.parallel, "cuda")
     model = Engine(spec, mesh, torch.device("cuda"), resolve_param_dtype(spec, "cuda")).parts[0][1]
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return measure(model, trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
+    return measure(logits_loss(model), trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 
 
-def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                  **_) -> dict:
-    from peft import LoraConfig, get_peft_model
+def hf_llama(model_spec: ModelSpec, seq: int, device: str = "cuda"):
+    """Hugging Face's LlamaForCausalLM of this shape, random weights, bf16, SDPA attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=model_spec.vocab_size, hidden_size=model_spec.hidden_size,
@@ -103,17 +118,102 @@ def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: st
                       num_attention_heads=model_spec.num_heads, num_key_value_heads=model_spec.num_kv_heads,
                       max_position_embeddings=max(seq, 4096), tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.device(device):
+        return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+
+def apply_liger(model) -> None:
+    """Liger's Triton kernels on a built HF Llama: RoPE, RMSNorm, SwiGLU MLP, and the fused linear
+    cross-entropy (the LM head's logits are never materialised when the forward gets labels)."""
+    from liger_kernel.transformers import apply_liger_kernel_to_llama  # optional: only the Liger sides need it
+
+    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True,
+                                cross_entropy=False, model=model)
+
+
+def compile_decoder_layers(model) -> int:
+    """torch.compile each decoder layer (as train.compile=true does ours); returns how many."""
+    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
+def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
+                  liger: bool = False, hf_compile: bool = False, **_) -> dict:
+    """HF transformers + PEFT as users run it; with ``liger`` Liger's kernels (the loss through
+    HF's labels path, the fused linear cross-entropy), with ``hf_compile`` each decoder layer compiled."""
+    from peft import LoraConfig, get_peft_model
+
+    model = hf_llama(model_spec, seq)
+    if liger:
+        apply_liger(model)
     if recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                              target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if hf_compile:
+        compile_decoder_layers(model)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return measure(lambda ids: model(input_ids=ids).logits, trainable, torch.nn.utils.clip_grad_norm_,
-                   model_spec.vocab_size, seq, steps, warmup)
+    if liger:
+        def loss_of(ids, mask):
+            return model(input_ids=ids, labels=ids).loss
+    else:
+        loss_of = logits_loss(lambda ids: model(input_ids=ids).logits)
+    return measure(loss_of, trainable, torch.nn.utils.clip_grad_norm_, model_spec.vocab_size, seq, steps, warmup)
+
+
+def hf_sides(names: str, common: dict) -> list:
+    """The (name, fn, kwargs) of the HF-based peers named (comma-separated), Liger's last."""
+    picked = [n for n in names.split(",") if n]
+    unknown = [n for n in picked if n not in HF_SIDES]
+    if unknown:
+        raise ValueError(f"--hf-sides {','.join(unknown)}: unknown; valid: {','.join(HF_SIDES)}")
+    picked.sort(key=lambda n: HF_SIDES[n][0])  # stable: plain sides first, then Liger's
+    return [(n, bench_hf_peft, dict(common, liger=HF_SIDES[n][0], hf_compile=HF_SIDES[n][1])) for n in picked]
+
+
+def reporting_errors(fn):
+    """A peer side that fails for a reason other than memory (a compiler that cannot trace a
+    third-party kernel, say) reports the error's first line instead of stopping the other sides."""
+    def side(**kwargs):
+        try:
+            return run_side(fn, **kwargs)
+        except Exception as exc:  # noqa: BLE001 -- any failure of a peer is its result
+            return {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+    return side
+
+
+def check_liger(device: str = "cuda") -> dict:
+    """Liger's kernels run here: a tiny HF Llama's loss and gradients with and without them, same
+    weights and tokens. Returns the versions, both losses and the largest relative gradient difference."""
+    import copy
+
+    import liger_kernel  # optional: the check is about whether it imports
+    import transformers
+    import triton
+
+    torch.manual_seed(0)
+    spec = ModelSpec(vocab_size=1024, hidden_size=256, intermediate_size=688, num_layers=2, num_heads=4,
+                     num_kv_heads=4, max_position_embeddings=512)
+    plain = hf_llama(spec, 256, device).float()
+    fused = copy.deepcopy(plain)
+    ids = torch.randint(0, spec.vocab_size, (2, 256), device=device)
+    out = {"liger_kernel": getattr(liger_kernel, "__version__", "?"), "triton": triton.__version__,
+           "transformers": transformers.__version__, "torch": torch.__version__}
+    for name, model in (("plain", plain), ("liger", fused)):
+        if model is fused:  # after the plain side: Liger's RoPE patch reaches every HF Llama
+            apply_liger(fused)
+        model.train()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        out[f"{name}_loss"] = loss.item()
+    grads = [(a.grad, b.grad) for a, b in zip(plain.parameters(), fused.parameters()) if a.grad is not None]
+    out["max_rel_grad_diff"] = max(((a - b).abs().max() / a.abs().max().clamp_min(1e-12)).item() for a, b in grads)
+    out["ok"] = abs(out["liger_loss"] / out["plain_loss"] - 1) < 1e-3 and out["max_rel_grad_diff"] < 1e-2
+    return out
 
 
 def run_side(fn, **kwargs) -> dict:
@@ -135,10 +235,12 @@ def run_side(fn, **kwargs) -> dict:
 
 
 def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_label: str, json_path: str | None,
-                 meta: dict) -> dict:
+                 meta: dict, peers: int = 1) -> dict:
     """Run each (name, fn, kwargs) side in turn in this process, print its tokens/s, model TFLOP/s,
-    MFU and peak memory (or that it does not fit), the ratio of the first to the second, and append
-    everything as one JSON line to ``json_path``."""
+    MFU and peak memory (or that it does not fit, or its error), the ratios, and append everything as
+    one JSON line to ``json_path``. The last ``peers`` sides are the baselines: each of ours is put
+    against the first of them ("ratio", "ratios"), and our first side against each peer
+    ("ratios_by_peer") and the fastest ("ratio_to_fastest_peer")."""
     peak = peak_flops_for(torch.cuda.get_device_name())
     results = {}
     for name, fn, kwargs in sides:
@@ -149,23 +251,42 @@ def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_l
         if "oom" in r:
             print(f"{label} does not fit this GPU ({r['oom']})", flush=True)
             continue
+        if "error" in r:
+            print(f"{label} did not run ({r['error']})", flush=True)
+            continue
         tps = seq / r["step_s"]
         r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
         print(f"{label} {tps:,.0f} tokens/s, {r['model_tflops']:.0f} model TFLOP/s, "
               f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB", flush=True)
     names = [name for name, _, _ in sides]
-    baseline = results[names[-1]] if len(names) >= 2 else {}
-    for i, name in enumerate(names[:-1]):  # each of ours against the last side, the baseline
-        if "tokens_per_s" in results[name] and "tokens_per_s" in baseline:
-            ratio = results[name]["tokens_per_s"] / baseline["tokens_per_s"]
-            if i == 0:
-                results["ratio"] = ratio
-            results.setdefault("ratios", {})[name] = ratio
-            print(f"ratio {ratio_label}{'' if i == 0 else f' ({name})'}: {ratio:.2f}x")
+    peers = min(peers, len(names) - 1) if len(names) >= 2 else 0
+    ours, peer_names = names[:len(names) - peers], names[len(names) - peers:]
+    put_against_peers(results, ours, peer_names, ratio_label)
     results.update(meta, gpu=torch.cuda.get_device_name(), torch=torch.__version__, flops_per_token=flops_tok,
                    date=time.strftime("%Y-%m-%d"))
     append_json_line(json_path, results)
     return results
+
+
+def put_against_peers(results: dict, ours: list, peers: list, ratio_label: str) -> None:
+    """Add (and print) the tokens/s ratios of our sides to the peers' that ran; see side_by_side."""
+    ran = {n: results[n]["tokens_per_s"] for n in ours + peers if "tokens_per_s" in results[n]}
+    if peers and peers[0] in ran:
+        for i, name in enumerate(n for n in ours if n in ran):
+            ratio = ran[name] / ran[peers[0]]
+            if i == 0 and name == ours[0]:
+                results["ratio"] = ratio
+            results.setdefault("ratios", {})[name] = ratio
+            print(f"ratio {ratio_label}{'' if name == ours[0] else f' ({name})'}: {ratio:.2f}x")
+    ran_peers = [n for n in peers if n in ran]
+    if len(peers) < 2 or not ours or ours[0] not in ran or not ran_peers:
+        return
+    results["ratios_by_peer"] = {n: ran[ours[0]] / ran[n] for n in ran_peers}
+    fastest = max(ran_peers, key=ran.get)
+    results["fastest_peer"], results["ratio_to_fastest_peer"] = fastest, ran[ours[0]] / ran[fastest]
+    for n in ran_peers:
+        print(f"ratio {ours[0]} / {n}: {results['ratios_by_peer'][n]:.2f}x")
+    print(f"ratio {ours[0]} / fastest peer ({fastest}): {results['ratio_to_fastest_peer']:.2f}x")
 
 
 def main() -> int:
@@ -175,8 +296,13 @@ def main() -> int:
     ap.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face + PEFT baseline")
-    ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF stays eager)")
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face-based baselines")
+    ap.add_argument("--hf-sides", default="hf_peft",
+                    help=f"the Hugging Face-based baselines, comma-separated, of {','.join(HF_SIDES)} (default "
+                         "hf_peft); the Liger sides need liger-kernel")
+    ap.add_argument("--check-liger", action="store_true",
+                    help="only check that Liger's kernels import and match plain HF on a tiny model, then exit")
+    ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF is compiled only in the *_compiled sides)")
     ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
     ap.add_argument("--attention", default="sdpa",
                     help="trainperf's hardware.attention: sdpa, flash4 (FlashAttention-4's CuTe-DSL kernels), or "
@@ -189,8 +315,16 @@ def main() -> int:
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     args = ap.parse_args()
     lora = dataclasses.replace(LORA, dropout=args.dropout)  # both sides
+    unknown = sorted(set(args.hf_sides.split(",")) - set(HF_SIDES) - {""})
+    if unknown:
+        ap.error(f"--hf-sides {','.join(unknown)}: unknown; valid: {','.join(HF_SIDES)}")
     if not has_cuda("lora_throughput.py"):
         return 2
+    if args.check_liger:
+        result = check_liger()
+        print(json.dumps(result), flush=True)
+        append_json_line(args.json, dict(result, bench="check_liger", date=time.strftime("%Y-%m-%d")))
+        return 0 if result["ok"] else 1
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
     common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
@@ -203,9 +337,10 @@ def main() -> int:
         while name in (side[0] for side in sides):  # a pair named twice (a repeat of the first, say)
             name += "_again"
         sides.append((name, bench_trainperf, dict(common, attention=attention, lora_kernel=lora_kernel)))
-    sides += [] if args.no_hf else [("hf_peft", bench_hf_peft, common)]
+    peers = [] if args.no_hf else hf_sides(args.hf_sides, common)
+    sides += [(name, reporting_errors(fn), kw) for name, fn, kw in peers]
     side_by_side(sides, shape=args.shape, seq=args.seq, flops_tok=flops_tok,
-                 ratio_label="trainperf / HF+PEFT", json_path=args.json,
+                 ratio_label="trainperf / HF+PEFT", json_path=args.json, peers=len(peers),
                  meta=dict(bench="lora", shape=args.shape, seq=args.seq, recompute=args.recompute, args=vars(args)))
     return 0
 

@@ -99,3 +99,81 @@ def test_side_by_side_puts_each_of_our_sides_against_the_last(tmp_path, monkeypa
     assert r["ratios"] == pytest.approx({"trainperf": 0.8 / 0.5, "trainperf_flash4": 0.8 / 0.4})
     printed = capsys.readouterr().out
     assert "ratio a / b: 1.60x" in printed and "ratio a / b (trainperf_flash4): 2.00x" in printed
+
+
+def test_our_first_side_meets_every_peer_and_the_fastest(monkeypatch, capsys):
+    """--hf-sides: several HF-based peers; each of ours against plain HF + PEFT (the first peer), our
+    first against each peer and the fastest; a peer that fails to run is reported, not ranked."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+
+    def broken(**_):
+        raise RuntimeError("Unsupported: triton kernel")
+
+    sides = [("trainperf", lambda **kw: {"step_s": 0.5, "peak_gib": 50.0}, {"recompute": "none"}),
+             ("hf_peft", lambda **kw: {"step_s": 0.8, "peak_gib": 68.0}, {"recompute": "none"}),
+             ("hf_peft_liger", lambda **kw: {"step_s": 0.64, "peak_gib": 60.0}, {"recompute": "none"}),
+             ("hf_peft_liger_compiled", lora_throughput.reporting_errors(broken), {"recompute": "none"})]
+    r = lora_throughput.side_by_side(sides, shape="7b", seq=8192, flops_tok=1e9, ratio_label="a / b",
+                                     json_path=None, meta={}, peers=3)
+    assert r["ratio"] == pytest.approx(0.8 / 0.5) and r["ratios"] == pytest.approx({"trainperf": 0.8 / 0.5})
+    assert r["ratios_by_peer"] == pytest.approx({"hf_peft": 0.8 / 0.5, "hf_peft_liger": 0.64 / 0.5})
+    assert r["fastest_peer"] == "hf_peft_liger" and r["ratio_to_fastest_peer"] == pytest.approx(1.28)
+    assert r["hf_peft_liger_compiled"]["error"] == "RuntimeError: Unsupported: triton kernel"
+    printed = capsys.readouterr().out
+    assert "ratio trainperf / fastest peer (hf_peft_liger): 1.28x" in printed and "did not run" in printed
+
+
+def test_liger_sides_run_after_the_plain_ones_and_unknown_sides_are_refused():
+    sides = lora_throughput.hf_sides("hf_peft_liger,hf_peft_compiled,hf_peft", {"recompute": "none"})
+    assert [n for n, _, _ in sides] == ["hf_peft_compiled", "hf_peft", "hf_peft_liger"]
+    assert [(kw["liger"], kw["hf_compile"]) for _, _, kw in sides] == [(False, True), (False, False), (True, False)]
+    with pytest.raises(ValueError, match="valid: hf_peft,"):
+        lora_throughput.hf_sides("hf_peft,hf_fast", {})
+
+
+def test_each_hf_decoder_layer_is_compiled_inside_peft():
+    """The compiled HF sides compile what train.compile=true compiles of ours: every decoder layer."""
+    from peft import LoraConfig, get_peft_model
+
+    from trainperf.core.spec import ModelSpec
+
+    spec = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=2,
+                     num_kv_heads=2, max_position_embeddings=64)
+    model = get_peft_model(lora_throughput.hf_llama(spec, 64, "cpu"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    assert lora_throughput.compile_decoder_layers(model) == 3
+    layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+
+
+def test_the_70b_bench_plans_again_with_more_headroom_when_a_run_dies(monkeypatch, tmp_path):
+    """mlperf_lora_70b --plan: the first headroom's layout dies before a timed step, the next is planned
+    and run; a planner refusal stops it with exit 2 and no run."""
+    import argparse
+
+    from bench import mlperf_lora_70b as bench70
+
+    planned, ran = [], []
+
+    def plan(nproc, overrides, db, headroom, gpu):
+        planned.append(headroom)
+        return {"id": f"p{len(planned)}:P1", "set": "--set train.recompute_layers=48", "step_time_s": 30.6,
+                "memory_gib": 127.0 - 10 * len(planned)}
+
+    def run(args, overrides, plan_id):
+        ran.append(plan_id)
+        return (1, {"status": "failed", "status_reason": "CUDA out of memory"}) if len(ran) == 1 else \
+               (0, {"step_time_s": 31.0, "status": "failed"})
+
+    monkeypatch.setattr(bench70, "plan_layout", plan)
+    monkeypatch.setattr(bench70, "run_recipe", run)
+    args = argparse.Namespace(nproc=1, overrides=["hardware.fp8=tensorwise"], out=str(tmp_path), headroom=[0.08, 0.15],
+                              gpu=None)
+    code, result = bench70.run_planned(args)
+    assert code == 0 and planned == [0.08, 0.15] and ran == ["p1:P1", "p2:P1"]
+    assert result["plan"]["id"] == "p2:P1" and result["plan"]["memory_gib"] == 107.0
+    assert result["step_time_s"] == 31.0
+    monkeypatch.setattr(bench70, "plan_layout", lambda *a: {"error": "hardware.fp8='x': valid values are none"})
+    ran.clear()
+    code, result = bench70.run_planned(args)
+    assert code == 2 and not ran and "valid values" in result["plan"]["error"]
