@@ -110,13 +110,15 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
 
 
 def hf_llama(model_spec: ModelSpec, seq: int, device: str = "cuda"):
-    """Hugging Face's LlamaForCausalLM of this shape, random weights, bf16, SDPA attention."""
+    """Hugging Face's LlamaForCausalLM of this shape, random weights, bf16, SDPA attention, no KV cache
+    (with HF's default use_cache a training forward fills a DynamicCache, and a compiled decoder layer
+    recompiles per layer on the cache slot's guard until dynamo's recompile limit leaves the rest eager)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=model_spec.vocab_size, hidden_size=model_spec.hidden_size,
                       intermediate_size=model_spec.intermediate_size, num_hidden_layers=model_spec.num_layers,
                       num_attention_heads=model_spec.num_heads, num_key_value_heads=model_spec.num_kv_heads,
-                      max_position_embeddings=max(seq, 4096), tie_word_embeddings=False)
+                      max_position_embeddings=max(seq, 4096), tie_word_embeddings=False, use_cache=False)
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
         return LlamaForCausalLM(cfg).to(torch.bfloat16)

@@ -177,3 +177,16 @@ def test_the_70b_bench_plans_again_with_more_headroom_when_a_run_dies(monkeypatc
     ran.clear()
     code, result = bench70.run_planned(args)
     assert code == 2 and not ran and "valid values" in result["plan"]["error"]
+
+
+def test_the_hf_peers_train_without_filling_a_kv_cache():
+    """A training forward of the HF sides builds no DynamicCache (its per-layer guard would stop the
+    compiled sides' decoder layers from compiling past dynamo's recompile limit)."""
+    from trainperf.core.spec import ModelSpec
+
+    spec = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                     num_kv_heads=2, max_position_embeddings=64)
+    model = lora_throughput.hf_llama(spec, 64, "cpu")
+    model.train()
+    out = model(input_ids=torch.randint(0, 64, (1, 16)))
+    assert out.past_key_values is None and out.logits.shape == (1, 16, 64)
