@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _interactive() -> bool:
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    return sys.stdout.isatty() and not os.environ.get("CI")  # the bar and the plain lines go to stdout
 
 
 def _print_summary(summary: dict) -> None:
@@ -109,7 +109,7 @@ def run(args, workload: str | None = None) -> int:
         spec, _info = local.prepare(workload, args.config, args.overrides, world)
     except (SpecError, StoreError) as exc:
         return bad_input(str(exc), args.json)
-    progress = _interactive() and not args.json
+    progress = "off" if args.json else "bar" if _interactive() else "lines"  # a log file or pipe gets plain lines
     if ext:
         summary = local.run_as_external_rank(spec, args.out, args.db, progress)
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:

@@ -220,7 +220,7 @@ def git_sha() -> str | None:
         return None
 
 
-def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
+def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str) -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
@@ -280,7 +280,7 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
         store.mark_failed_if_running(run_id, f"{reason} (last completed step {last})")
 
 
-def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:
+def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool | str) -> dict:
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
     apply_cuda_alloc_conf(spec)
     # what must be in place before the group exists, which train() finds already made: the timeout (a
