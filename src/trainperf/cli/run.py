@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve live Prometheus metrics (step, step time, tokens/s, MFU, memory) from rank 0 on PORT")
+    p.add_argument("--trial", action="store_true",
+                   help="store the run as a tune trial: kept out of `report` and `score` unless asked for")
     p.add_argument("--metrics-host", metavar="ADDR", help="address for --metrics-port (default 127.0.0.1: this host only)")
     add_common(p)
 
@@ -38,7 +40,7 @@ def _interactive() -> bool:
 def _print_summary(summary: dict) -> None:
     from rich.console import Console
 
-    c = Console(stderr=False)
+    c = Console(stderr=False, soft_wrap=not _interactive())  # a log file keeps each line whole
     ok = summary["status"] == "success"
     head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
     c.print(f"{head} {summary['workload']} run {summary['run_id']}")
@@ -115,7 +117,8 @@ def run(args, workload: str | None = None) -> int:
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
             return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
     else:
-        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress)
+        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress,
+                               purpose="trial" if args.trial else "run")
     summary["wall_s"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: summary.get(k) for k in RUN_JSON_KEYS} | {"evals": summary.get("evals", []),

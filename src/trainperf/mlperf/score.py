@@ -245,7 +245,7 @@ def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workl
     try:
         if workload:
             store = _open_store(db)
-            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000) if r["status"] != "running"]
+            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000, trials=False) if r["status"] != "running"]
             if not rows:
                 raise SpecError(f"no finished runs of workload {workload!r} in {db!r}")
             if last is None:

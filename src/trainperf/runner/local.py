@@ -220,7 +220,8 @@ def git_sha() -> str | None:
         return None
 
 
-def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str) -> dict:
+def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str,
+           purpose: str = "run") -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
@@ -230,7 +231,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     store.reap_dead_runs()
     store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
                      spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
-                     git_sha=git_sha())
+                     git_sha=git_sha(), purpose=purpose)
     (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree

@@ -42,7 +42,7 @@ class TuneResult:
 
 def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, out: str, extra: list[str]) -> list[str]:
     """A trial is a plain `trainperf run` of a few steps, no eval; the user's overrides come last."""
-    return [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json",
+    return [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json", "--trial",
             "--db", db, "--out", out, "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
             "--set", "eval.every_samples=1000000000", *set_line.split(), *[x for s in extra for x in ("--set", s)]]
 
