@@ -134,7 +134,7 @@ def scaling_section(rows: list[ScalingRow]) -> str:
     return _table(headers, cells, ["anomaly" if r.anomalies else "" for r in rows])
 
 
-def _published_for(runs: list[dict]) -> tuple[list[tuple], str]:
+def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
     """Published llama2_70b_lora points for comparable runs of that benchmark, on their GPU model only."""
     comparable = [r for r in runs if r.get("comparable")]
     benchmarks = {_json(r.get("spec_json")).get("mlperf", {}).get("benchmark") for r in comparable}
@@ -147,7 +147,7 @@ def _published_for(runs: list[dict]) -> tuple[list[tuple], str]:
 
 
 def workload_section(workload: str, runs: list[dict], rows: list[ScalingRow], evals_by_run: dict[str, list[dict]]) -> str:
-    published, label = _published_for(runs)
+    published, label = published_points_for(runs)
     targets = [r["target"] for r in runs if r.get("target") is not None]
     parts = [f"<h2>{html.escape(workload)}</h2>",
              "<p>One row per GPU count, layout, GBS and MBS. Time to train is the olympic mean where a row has "
