@@ -14,6 +14,7 @@ import json
 import sys
 from types import ModuleType
 
+from trainperf import __version__
 from trainperf.cli.errors import EXIT_BAD_INPUT, bad_input
 
 _ARGV: list[str] = []
@@ -50,6 +51,7 @@ def commands() -> dict[str, ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainperf", description="Prove, tune and explain how fast a GPU cluster trains LLMs.")
+    parser.add_argument("--version", action="version", version=f"trainperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, command in commands().items():
         command.add_arguments(sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION))
