@@ -39,3 +39,16 @@ def test_new_trials_are_stored_as_trials_and_tune_asks_for_it(tmp_path):
     store.create_run("r1", "w", {}, "dp_shard=1", 1, "open", False, 0.9, str(tmp_path))
     assert [r["run_id"] for r in store.list_runs(workload="w", trials=False)] == ["r1"]
     assert "--trial" in trial_command("w", 2, "--set parallel.tp=2", 4, "t.db", "runs", [])
+
+
+def test_trials_are_named_by_their_layout_and_counted_as_run():
+    from types import SimpleNamespace
+
+    from trainperf.core.spec import ParallelSpec, RunSpec
+    from trainperf.runner.tune import Trial, TuneResult, trial_name
+
+    spec = RunSpec(workload="w", parallel=ParallelSpec(dp_shard=2, tp=4, cp=2, sp=True))
+    assert trial_name(SimpleNamespace(id="ab12cd:P2", spec=spec)).split() == ["ab12cd:P2", "DP2·TP4·CP2·SP"]
+    cand = SimpleNamespace(id="P1")
+    res = TuneResult(trials=[Trial(cand, 4, step_time_s=1.0), Trial(cand, 4, error="not tried: slower")])
+    assert len(res.ran) == 1
