@@ -51,3 +51,10 @@ def test_modes():
     p.step(1, 8, 3.0, 1.0)
     p.eval(1, 8, 3.0, 2.5)
     assert out.getvalue() == ""
+
+
+def test_json_runs_put_their_lines_on_stderr(capsys):
+    p = RunProgress("stderr", _spec(), (800, "train.max_steps"))
+    p.eval(1, 8, 3.0, 2.5)
+    out, err = capsys.readouterr()
+    assert out == "" and "eval at step 1, 8 samples: loss 3.0000, target 2.5000: not reached" in err

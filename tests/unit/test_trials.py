@@ -48,7 +48,7 @@ def test_trials_are_named_by_their_layout_and_counted_as_run():
     from trainperf.runner.tune import Trial, TuneResult, trial_name
 
     spec = RunSpec(workload="w", parallel=ParallelSpec(dp_shard=2, tp=4, cp=2, sp=True))
-    assert trial_name(SimpleNamespace(id="ab12cd:P2", spec=spec)).split() == ["ab12cd:P2", "DP2·TP4·CP2·SP"]
+    assert trial_name(SimpleNamespace(id="ab12cd:P2", spec=spec)).split() == ["ab12cd:P2", "DP2·TP4·CP2·SP", "MBS1"]
     cand = SimpleNamespace(id="P1")
     res = TuneResult(trials=[Trial(cand, 4, step_time_s=1.0), Trial(cand, 4, error="not tried: slower")])
     assert len(res.ran) == 1

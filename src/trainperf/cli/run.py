@@ -111,7 +111,8 @@ def run(args, workload: str | None = None) -> int:
         spec, _info = local.prepare(workload, args.config, args.overrides, world)
     except (SpecError, StoreError) as exc:
         return bad_input(str(exc), args.json)
-    progress = "off" if args.json else "bar" if _interactive() else "lines"  # a log file or pipe gets plain lines
+    # a terminal gets the bar, a log file or pipe plain lines; with --json they go to stderr (an sbatch .err)
+    progress = "stderr" if args.json else "bar" if _interactive() else "lines"
     if ext:
         summary = local.run_as_external_rank(spec, args.out, args.db, progress)
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:

@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--take-over", action="store_true",
                    help="also run items another sweep process claimed (when that process is gone but cannot be asked: "
                         "another host, or its pid reused)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every item the file spans and, for Slurm, the exact sbatch script of each; run nothing")
     add_slurm_args(p)  # --wait (default None: the sweep file's slurm.wait applies)
     add_common(p)
 
@@ -45,6 +47,8 @@ def run(args) -> int:
                     print(line)
         else:
             name, items = sweep.load_sweep(args.target, args.overrides)  # a bad file creates no store
+            if args.dry_run:
+                return _dry_run(args, name, items)
             store = Store(args.db)
             echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
             counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait,
@@ -61,4 +65,34 @@ def run(args) -> int:
             total = sum(c.values())
             print(f"sweep {name}: {c['success']} success, {c['failed']} failed, {c['pending']} pending, "
                   f"{c['running']} running of {total}")
+    return EXIT_OK
+
+
+def _dry_run(args, name: str, items: list[dict]) -> int:
+    """Every item of the sweep and, for Slurm, the script `sbatch` would be given; nothing runs or is stored."""
+    import os
+    from pathlib import Path
+
+    # the sbatch script writer loads only for a Slurm sweep's dry run
+    from trainperf.runner.slurm import render_script, script_dir
+
+    rows = []
+    for item in items:
+        sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in item["overrides"].items()]
+        row = {"item_id": item["item_id"], "workload": item["workload"], "nproc": item["nproc"],
+               "set": sets + list(args.overrides), "backend": item.get("backend", "local")}
+        if item.get("backend") == "slurm":
+            directory = script_dir(item["slurm"], name, args.out)
+            row["script_path"] = str(Path(directory) / f"{item['item_id']}.sbatch")
+            row["script"] = render_script(item, item["slurm"], sweep_id=name, db=args.db, out=args.out,
+                                          extra_sets=args.overrides, directory=directory, workdir=os.getcwd())
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"sweep": name, "items": rows}, indent=2))
+        return EXIT_OK
+    print(f"sweep {name}: {len(rows)} items (dry run: nothing runs, nothing is stored)")
+    for r in rows:
+        print(f"  {r['item_id']}  {r['workload']} x{r['nproc']} {' '.join('--set ' + s for s in r['set'])}".rstrip())
+        if "script" in r:
+            print(f"--- {r['script_path']} ---\n{r['script']}")
     return EXIT_OK

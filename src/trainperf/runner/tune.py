@@ -55,7 +55,9 @@ def trial_name(cand: Candidate) -> str:
     degrees = [f"DP{p.dp_replicate}x{p.dp_shard}" if p.dp_replicate > 1 else f"DP{p.dp_shard}"]
     degrees += [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "cp", "pp") if getattr(p, k) > 1]
     degrees += ["SP"] if p.sp and p.tp > 1 else []
-    return f"{cand.id:>12s} {'·'.join(degrees):<14s}"
+    extra = f" MBS{spec.train.micro_batch_size}" + (f" recompute={spec.train.recompute}"
+                                                     if spec.train.recompute != "none" else "")
+    return f"{cand.id:>12s} {'·'.join(degrees) + extra:<28s}"
 
 
 def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, out: str, extra: list[str]) -> list[str]:

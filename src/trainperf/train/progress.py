@@ -16,12 +16,12 @@ from typing import TextIO
 
 from trainperf.core.spec import RunSpec
 
-MODES = ("bar", "lines", "off")
+MODES = ("bar", "lines", "stderr", "off")  # stderr: the plain lines on stderr (stdout carries --json)
 LINE_EVERY_S = 20.0  # plain-line cadence: a line at most every 20 s (evals always get theirs)
 
 
 def progress_mode(value: bool | str | None) -> str:
-    """'bar', 'lines' or 'off' from what a caller passes (older callers pass a bool: True is the bar)."""
+    """'bar', 'lines', 'stderr' or 'off' from what a caller passes (older callers pass a bool: True is the bar)."""
     if value is True:
         return "bar"
     if not value:
@@ -53,8 +53,8 @@ class RunProgress:
 
     def __init__(self, mode: str, spec: RunSpec, expected: tuple[int, str], stream: TextIO | None = None,
                  every_s: float = LINE_EVERY_S, clock: Callable[[], float] = time.monotonic):
-        self.mode, self.spec, self.every_s, self.clock = mode, spec, every_s, clock
-        self.stream = stream or sys.stdout
+        self.mode, self.spec, self.every_s, self.clock = ("lines" if mode == "stderr" else mode), spec, every_s, clock
+        self.stream = stream or (sys.stderr if mode == "stderr" else sys.stdout)
         self.gbs = spec.train.global_batch_size
         self.expected_samples, self.expected_source = expected
         self.total_steps = max(1, -(-self.expected_samples // self.gbs))
