@@ -1,8 +1,9 @@
-"""A misspelt key, section or workload names the closest valid one."""
+"""Bad input that says where and what: the closest valid name, the line and column of a parse error."""
 
 import pytest
 
 from trainperf.core.errors import SpecError
+from trainperf.core.resolve import load_config_file
 from trainperf.core.spec import RunSpec, did_you_mean, set_value
 from trainperf.workloads import get_workload
 
@@ -15,3 +16,13 @@ def test_misspelt_names_get_the_closest_valid_one():
     with pytest.raises(SpecError, match=r"did you mean 'llama2_70b_lora'\?"):
         get_workload("llama2_70b_lor")
     assert did_you_mean("zzzz", ["train", "eval"]) == ""
+
+
+@pytest.mark.parametrize(("name", "text", "where"), [
+    ("bad.yaml", "train:\n  lr: 0.1\n  seed: [1, 2\nmodel:\n  x: 1\n", "line 4, column 6: expected ',' or ']'"),
+    ("bad.toml", "[train]\nlr = 0.1\nseed 3\n", "line 3, column 6: Expected '=' after a key"),
+])
+def test_config_parse_errors_give_line_and_column(tmp_path, name, text, where):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(SpecError, match=f"could not be parsed: {where}"):
+        load_config_file(str(tmp_path / name))
