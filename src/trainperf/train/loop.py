@@ -459,7 +459,7 @@ class _Run:
                 last = self.clock.time_of(step - 1)
                 tps_gpu = per_gpu(self.tokens_per_step / last, self.world)
                 server.update(step - 1, last, tps_gpu, metrics.mfu(self.flops_per_token, tps_gpu, self.peak),
-                              _peak_mem_gib(self.device_type))
+                              _peak_mem_gib(self.device_type), samples=(step - 1) * t.global_batch_size)
 
     def _emit(self, rec: dict) -> None:
         step_time = self.clock.time_of(rec["step"])
@@ -490,6 +490,8 @@ class _Run:
         self.ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
                                "elapsed_s": time.perf_counter() - self.run_start})
         self.progress.eval(step, samples, eval_loss, e.target)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.update_eval(samples, eval_loss, e.target)
         if eval_loss <= e.target:
             outcome.status, outcome.samples_to_target = "success", samples
             outcome.stop_time = time.perf_counter()
