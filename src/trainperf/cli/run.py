@@ -42,13 +42,14 @@ def _print_summary(summary: dict) -> None:
 
     c = Console(stderr=False, soft_wrap=not _interactive())  # a log file keeps each line whole
     ok = summary["status"] == "success"
-    head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
+    probe = not ok and (summary.get("status_reason") or "").startswith("throughput probe")
+    head = "[green]reached target[/green]" if ok else "[yellow]probe completed[/yellow]" if probe else "[red]FAILED[/red]"
     c.print(f"{head} {summary['workload']} run {summary['run_id']}")
     if ok:
         c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
                 f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
-    else:
-        c.print(f"  {summary.get('status_reason')}")
+    elif summary.get("status_reason"):
+        c.print(f"  {summary['status_reason']}")
     if summary.get("tokens_per_s"):
         mfu = summary.get("mfu")
         c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "

@@ -95,6 +95,9 @@ class RunContext:
     steps: list[dict] = field(default_factory=list)
 
 
+THROUGHPUT_PROBE = "throughput probe"  # how a run without an eval says what it was (the CLI prints it as such)
+
+
 class RunInterrupted(RuntimeError):
     pass
 
@@ -507,9 +510,12 @@ class _Run:
         t, e = self.spec.train, self.spec.eval
         outcome.stop_time = time.perf_counter()
         last = outcome.final_eval
+        if not outcome.reason and outcome.evals_done == 0:  # a throughput probe: steps measured, no eval asked for
+            outcome.reason = (f"{THROUGHPUT_PROBE}: {t.max_steps} steps measured, no eval within them, so no time "
+                              "to train")
         outcome.reason = outcome.reason or (
             f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
-            f"({outcome.evals_done} evals, last {last if last is None else round(last, 4)})")
+            f"({outcome.evals_done} evals, the last at {last:.4f})")
         samples = outcome.last_step * t.global_batch_size
         self.log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=samples / len(self.train_split))
         self.log.end(KEYS.RUN_STOP, last, samples_count=samples, status="aborted")
