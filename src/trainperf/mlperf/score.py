@@ -708,8 +708,10 @@ def print_score(score: Score, console=None) -> None:
             console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} samples, RCP mean "
                           f"{rcp['rcp_mean']:.1f}, minimum acceptable {rcp['min_acceptable_mean']:.1f}")
     console.print(f"scaling factor {score.scaling_factor:.4f}")
-    verdict = "[green]valid MLPerf score[/green]" if score.valid else "[red]not valid[/red]"
-    console.print(f"score          {_fmt_min(score.score_minutes)} min  ({verdict})")
+    if score.valid:
+        console.print(f"score          {_fmt_min(score.score_minutes)} min  ([green]valid MLPerf score[/green])")
+    else:  # an invalid set has no score: the olympic mean above is only what these runs give
+        console.print("score          [red]none: not a valid MLPerf score[/red]")
     if not score.valid:
         for reason in score.reasons:
             console.print(f"  - {reason}")

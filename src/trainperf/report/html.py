@@ -48,6 +48,7 @@ def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
             continue
         rcp = score.rcp or {}
         out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": score.score_minutes,
+                    "olympic_min": score.olympic_mean_minutes,
                     "valid": score.valid, "verdict": score.reason or "valid MLPerf score",
                     "rcp": ("pass" if rcp.get("passed") else "fail") if "passed" in rcp else rcp.get("message", "-")})
     return out
@@ -201,8 +202,9 @@ def _scores_section(runs: list[dict]) -> str:
     if not scores:
         return ""
     return "<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
-        ["workload", "GPUs", "layout", "runs", "score", "RCP", "verdict"],
-        [[s["workload"], s["gpus"], s["layout"], s["runs"], _f(s["score_min"], ".2f"), s.get("rcp", "-"),
+        ["workload", "GPUs", "layout", "runs", "olympic mean", "score", "RCP", "verdict"],
+        [[s["workload"], s["gpus"], s["layout"], s["runs"], _f(s.get("olympic_min"), ".2f"),
+          _f(s["score_min"], ".2f") if s["valid"] else "none (not valid)", s.get("rcp", "-"),
           s["verdict"]] for s in scores], ["" if s["valid"] else "anomaly" for s in scores])
 
 
