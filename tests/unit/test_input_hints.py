@@ -26,3 +26,16 @@ def test_config_parse_errors_give_line_and_column(tmp_path, name, text, where):
     (tmp_path / name).write_text(text)
     with pytest.raises(SpecError, match=f"could not be parsed: {where}"):
         load_config_file(str(tmp_path / name))
+
+
+def test_a_missing_package_is_one_line(monkeypatch, capsys):
+    from trainperf.cli import workloads
+    from trainperf.cli.main import main
+
+    def needs_torch(args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(workloads, "run", needs_torch)
+    assert main(["workloads"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`trainperf workloads` needs the 'torch' package" in err

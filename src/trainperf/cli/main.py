@@ -68,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return commands()[args.command].run(args)
+    except ModuleNotFoundError as exc:  # e.g. torch on a machine that only plans: one line, not a traceback
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing == "trainperf":
+            raise
+        return bad_input(f"`trainperf {args.command}` needs the {missing!r} package, which this Python "
+                         f"({sys.executable}) does not have: install it (torch: see the README)",
+                         getattr(args, "json", False))
     except StoreError as exc:  # a store that went bad after it opened (e.g. read-only, full disk)
         return bad_input(str(exc), getattr(args, "json", False))
     except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks
