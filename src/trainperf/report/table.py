@@ -15,7 +15,13 @@ COLUMNS = (*REPORT_COLUMNS, "predicted_step_time_s", "predicted_peak_gib")
 
 
 def rows_for_json(runs: list[dict]) -> list[dict]:
-    return [{k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable"))} for r in runs]
+    """Each run's report columns, with its layout's degrees (DP2·TP4·SP), GBS, MBS and whether it is a trial."""
+    out = []
+    for r in runs:
+        _, _, degrees, gbs, mbs = row_key(r)
+        out.append({k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable")), "degrees": degrees,
+                                                    "gbs": gbs, "mbs": mbs, "purpose": r.get("purpose", "run")})
+    return out
 
 
 def _fmt(v, spec: str = "") -> str:
