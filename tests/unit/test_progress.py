@@ -20,7 +20,7 @@ class FakeClock:
 
 
 def test_expected_end_is_the_rcp_mean_for_a_comparable_run_else_max_steps():
-    rcp = lambda benchmark, gbs: 480.0  # noqa: E731
+    rcp = lambda benchmark, gbs: 480.0
     assert expected_samples(_spec(comparable=True), rcp) == (480, "RCP mean samples to converge")
     assert expected_samples(_spec(comparable=False), rcp) == (800, "train.max_steps")
     assert expected_samples(_spec(comparable=True), lambda b, g: 10_000.0)[0] == 800  # capped by max_steps

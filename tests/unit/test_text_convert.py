@@ -26,7 +26,7 @@ def tokenizer_json(tmp_path):
 
 
 def test_jsonl_text_is_encoded_by_the_tokenizer_with_its_eod(tmp_path, tokenizer_json):
-    path, tok = tokenizer_json
+    _, tok = tokenizer_json
     texts = ["the cat sat", "a dog ran on the mat", "the mat", "cat"]
     (tmp_path / "c4.jsonl").write_text("".join(json.dumps({"text": t, "url": "x"}) + "\n" for t in texts))
     out = convert([str(tmp_path / "c4.jsonl")], str(tmp_path / "pretok"), None, None, validation_documents=1,

@@ -35,7 +35,8 @@ class TextTokenizer:
 
 
 def _hf_tokenizer(path: Path) -> TextTokenizer:
-    from tokenizers import Tokenizer  # the Rust tokenizer loads only for a text conversion
+    # the Rust tokenizer loads only for a text conversion
+    from tokenizers import Tokenizer
 
     try:
         tok = Tokenizer.from_file(str(path))
@@ -57,7 +58,7 @@ def _sentencepiece(path: Path) -> TextTokenizer:
     sp = sentencepiece.SentencePieceProcessor()
     try:
         sp.Load(str(path))
-    except Exception as exc:  # OSError or RuntimeError, by version
+    except (OSError, RuntimeError) as exc:  # which of the two depends on the version
         raise SpecError(f"--tokenizer {str(path)!r}: not a SentencePiece model ({str(exc).splitlines()[0]})") from None
 
     def lookup(token: str) -> int | None:
