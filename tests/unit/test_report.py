@@ -38,6 +38,7 @@ def test_full_layout_names_every_degree():
     spec = {"parallel": {"dp_replicate": 1, "dp_shard": 2, "tp": 4, "cp": 2, "pp": 1, "sp": True}}
     assert full_layout(spec) == "DP2·TP4·CP2·SP"
     assert full_layout({"parallel": {"dp_replicate": 2, "dp_shard": 4, "tp": 1, "pp": 2}}) == "DP2x4·PP2"
+    assert full_layout({"parallel": {"dp_replicate": 2, "dp_shard": 1, "pp": 2, "pp_schedule": "GPipe"}}) == "DP2·PP2(GPipe)"
 
 
 def test_trials_stay_out_of_the_page_unless_asked_for(tmp_path):

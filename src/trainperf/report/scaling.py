@@ -17,6 +17,8 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from trainperf.core.layout import degrees_name
+
 OLYMPIC_MIN_RUNS = 3
 SPREAD_WARN = 0.15  # times to train of one row further apart than this are flagged
 PLANNER_WARN = 0.25  # a measured step time this far from the planner's prediction is flagged
@@ -55,13 +57,7 @@ class ScalingRow:
 
 def full_layout(spec: dict) -> str:
     """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4)."""
-    p = spec.get("parallel", {})
-    rep, shard = p.get("dp_replicate") or 1, p.get("dp_shard") or 1
-    parts = [f"DP{rep}x{shard}" if rep > 1 and shard > 1 else f"DP{rep * max(shard, 1)}"]
-    parts += [f"{k.upper()}{p[k]}" for k in ("tp", "cp", "pp") if (p.get(k) or 1) > 1]
-    if p.get("sp") and (p.get("tp") or 1) > 1:
-        parts.append("SP")
-    return "·".join(parts)
+    return degrees_name(spec.get("parallel", {}))
 
 
 def _spec(run: dict) -> dict:

@@ -13,12 +13,14 @@ reason and the search goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+from trainperf.core.layout import degrees_name
 from trainperf.plan.search import Candidate
 
 
@@ -51,13 +53,9 @@ def trial_name(cand: Candidate) -> str:
     spec = getattr(cand, "spec", None)
     if spec is None:  # a candidate known by its id alone
         return f"{cand.id:>12s}"
-    p = spec.parallel
-    degrees = [f"DP{p.dp_replicate}x{p.dp_shard}" if p.dp_replicate > 1 else f"DP{p.dp_shard}"]
-    degrees += [f"{k.upper()}{getattr(p, k)}" for k in ("tp", "cp", "pp") if getattr(p, k) > 1]
-    degrees += ["SP"] if p.sp and p.tp > 1 else []
     extra = f" MBS{spec.train.micro_batch_size}" + (f" recompute={spec.train.recompute}"
                                                      if spec.train.recompute != "none" else "")
-    return f"{cand.id:>12s} {'·'.join(degrees) + extra:<28s}"
+    return f"{cand.id:>12s} {degrees_name(dataclasses.asdict(spec.parallel)) + extra:<28s}"
 
 
 def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, out: str, extra: list[str]) -> list[str]:
