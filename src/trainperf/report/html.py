@@ -129,7 +129,7 @@ def scaling_section(rows: list[ScalingRow]) -> str:
                "TFLOP/s/GPU", "MFU", "speedup", "efficiency", "anomalies"]
     cells = [[r.gpus, r.layout, _f(r.gbs, ""), _f(r.mbs, ""),
               _f(None if r.time_to_train_s is None else r.time_to_train_s / 60, ".2f"), r.time_basis or "-",
-              f"{r.runs} ({r.succeeded})", _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tflops_per_gpu, ".1f"),
+              f"{r.runs} ({r.succeeded})", _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tflops_per_gpu, ".3g"),
               _pct(r.mfu), "-" if r.speedup is None else f"{r.speedup:.2f}× ({r.speedup_basis})",
               _pct(r.efficiency), "; ".join(r.anomalies) or "-"] for r in rows]
     return _table(headers, cells, ["anomaly" if r.anomalies else "" for r in rows])
@@ -242,8 +242,12 @@ def render(runs: list[dict], evals_by_run: dict[str, list[dict]] | None = None, 
     if traced:
         parts.append("<h2>Step-time breakdown</h2>" + _img("step-time breakdown", step_breakdown_png(traced)))
     parts.append(_runs_section(runs))
-    parts.append("<h2>Published MLPerf llama2_70b_lora results (for reference)</h2><p class='note'>"
-                 + html.escape(SOURCE) + "</p>" + _table(["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"],
-                                                         [list(p) for p in LLAMA2_70B_LORA]))
+    if published_points_for(runs)[0]:
+        parts.append("<h2>Published MLPerf llama2_70b_lora results</h2><p class='note'>" + html.escape(SOURCE)
+                     + "</p>" + _table(["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"],
+                                       [list(p) for p in LLAMA2_70B_LORA]))
+    else:
+        parts.append("<p class='note'>Published MLPerf results are shown beside comparable (closed-division) runs "
+                     "of their benchmark only; none of these runs is one.</p>")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>trainperf report</title><style>{STYLE}</style>"
             f"</head><body>{''.join(parts)}</body></html>")
