@@ -111,7 +111,7 @@ def print_table(runs: list[dict], console: Console | None = None, wide: bool = F
     console.print(table)
     if len(keep) < len(headers):
         console.print(f"columns left out to fit {width}: {', '.join(headers[i] for i in range(len(headers)) if i not in keep)} "
-                      "(--wide shows every column)")
+                      "(--wide shows every column)", soft_wrap=True)
     print_projection(runs, console)
     failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]
     for r in failed[:5]:
