@@ -20,13 +20,18 @@ def test_metrics_server_exposes_the_latest_step():
     port = _free_port()
     server = MetricsServer(port, "127.0.0.1", "r1", "mini")
     try:
-        server.update(7, 0.5, 1234.0, 0.42, 3.5)
+        server.update(7, 0.5, 1234.0, 0.42, 3.5, samples=56)
+        server.update_eval(48, 2.25, 2.0)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         server.close()
-    assert 'trainperf_step{run_id="r1",workload="mini"} 7.0' in text
-    assert 'trainperf_tokens_per_second_per_gpu{run_id="r1",workload="mini"} 1234.0' in text
-    assert 'trainperf_mfu{run_id="r1",workload="mini"} 0.42' in text
+    labels = '{rank="0",run_id="r1",workload="mini"}'
+    assert f"trainperf_step{labels} 7.0" in text and f"trainperf_samples{labels} 56.0" in text
+    assert f"trainperf_tokens_per_second_per_gpu{labels} 1234.0" in text
+    assert f"trainperf_mfu_ratio{labels} 0.42" in text
+    memory = next(line for line in text.splitlines() if line.startswith(f"trainperf_peak_memory_bytes{labels}"))
+    assert float(memory.split()[-1]) == 3.5 * 2**30  # base units: bytes, not GiB
+    assert f"trainperf_eval_loss{labels} 2.25" in text and f"trainperf_eval_target_loss{labels} 2.0" in text
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)  # closed with the run
 

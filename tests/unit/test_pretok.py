@@ -424,7 +424,8 @@ def test_main_prints_summary_and_exits_2_on_bad_input(tmp_path, capsys):
     docs = _docs(10, 6)
     f = _write_txt(tmp_path / "a.txt", docs)
     out = tmp_path / "out"
-    argv = [str(f), "--out", str(out), "--vocab-size", str(VOCAB), "--eod-id", str(EOD), "--validation-documents", "2"]
+    argv = [str(f), "--out", str(out), "--vocab-size", str(VOCAB), "--eod-id", str(EOD), "--validation-documents", "2",
+            "--json"]
     assert pretok.main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["splits"]["validation"] == {"tokens": sum(len(d) + 1 for d in docs[:2]), "documents": 2}

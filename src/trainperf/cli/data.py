@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "dataset tools: `data convert` token files -> the packed pretraining format"
-DESCRIPTION = ("`trainperf data convert INPUTS... --out DIR --vocab-size V [--eod-id E] "
-               "(--validation-documents N | --validation-inputs ...)`: plain token files "
-               "(.txt, .jsonl, .npy) into the packed format llama31_8b reads (see data/pretok.py).")
+HELP = "dataset tools: `data convert` token files or raw text -> the packed pretraining format"
+DESCRIPTION = ("`trainperf data convert INPUTS... --out DIR (--vocab-size V | --tokenizer PATH) [--eod-id E] "
+               "(--validation-documents N | --validation-inputs ...) [--json]`: plain token files "
+               "(.txt, .jsonl, .npy), or raw text (.jsonl text fields, .txt) through a local tokenizer.json or "
+               "SentencePiece model, into the packed format llama31_8b reads (see data/pretok.py).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

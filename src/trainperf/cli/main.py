@@ -14,6 +14,7 @@ import json
 import sys
 from types import ModuleType
 
+from trainperf import __version__
 from trainperf.cli.errors import EXIT_BAD_INPUT, bad_input
 
 _ARGV: list[str] = []
@@ -50,6 +51,7 @@ def commands() -> dict[str, ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainperf", description="Prove, tune and explain how fast a GPU cluster trains LLMs.")
+    parser.add_argument("--version", action="version", version=f"trainperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, command in commands().items():
         command.add_arguments(sub.add_parser(name, help=command.HELP, description=command.DESCRIPTION))
@@ -66,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return commands()[args.command].run(args)
+    except ModuleNotFoundError as exc:  # e.g. torch on a machine that only plans: one line, not a traceback
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing == "trainperf":
+            raise
+        return bad_input(f"`trainperf {args.command}` needs the {missing!r} package, which this Python "
+                         f"({sys.executable}) does not have: install it (torch: see the README)",
+                         getattr(args, "json", False))
     except StoreError as exc:  # a store that went bad after it opened (e.g. read-only, full disk)
         return bad_input(str(exc), getattr(args, "json", False))
     except sqlite3.DatabaseError as exc:  # a damaged page found by a query, after the open's checks

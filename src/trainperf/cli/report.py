@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="only runs of this workload")
     p.add_argument("--limit", type=int, default=50, help="newest N runs (default 50)")
     p.add_argument("--html", metavar="FILE", help="also write the full report as one self-contained HTML page")
+    p.add_argument("--trials", action="store_true", help="include `trainperf tune` trials (left out by default)")
+    p.add_argument("--wide", action="store_true",
+                   help="every column, whatever the terminal's width (by default columns are dropped to fit)")
     add_common(p)
 
 
@@ -41,19 +44,27 @@ def run(args) -> int:
     except StoreError as exc:
         return bad_input(str(exc), args.json)
     store.reap_dead_runs()
-    runs = store.list_runs(workload=args.workload, limit=args.limit)
+    runs = store.list_runs(workload=args.workload, limit=args.limit, trials=args.trials)
+    trials_left_out = 0 if args.trials else sum(
+        r["purpose"] == "trial" for r in store.list_runs(workload=args.workload, limit=1_000_000))
+    if args.workload and not store.list_runs(workload=args.workload, limit=1):
+        known = sorted({r["workload"] for r in store.list_runs(limit=1_000_000)})
+        store.close()
+        return bad_input(f"--workload {args.workload!r}: no runs of it in {args.db!r}; workloads with runs: "
+                         f"{', '.join(known) or 'none'}", args.json)
     if html:
         # the HTML page's renderer (and its charts) loads only for --html
         from trainperf.report.html import render
 
-        steps = {r["run_id"]: store.steps(r["run_id"]) for r in runs}
+        evals = {r["run_id"]: store.evals(r["run_id"]) for r in runs}
         try:
-            Path(html).write_text(render(runs, steps))
+            Path(html).write_text(render(runs, evals, preflight=store.latest_preflight(),
+                                         trials_left_out=trials_left_out))
         except OSError as exc:
             return bad_input(f"--html {html!r}: cannot write it ({exc.strerror})", args.json)
     store.close()
     if args.json:
         print(json.dumps(rows_for_json(runs), indent=2))
     else:
-        print_table(runs)
+        print_table(runs, wide=args.wide, trials_left_out=trials_left_out)
     return EXIT_OK

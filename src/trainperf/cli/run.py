@@ -27,26 +27,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout-from-plan", metavar="PLAN_ID", help="use a layout `trainperf plan` ranked (e.g. 3fa2c1:P1)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve live Prometheus metrics (step, step time, tokens/s, MFU, memory) from rank 0 on PORT")
+    p.add_argument("--trial", action="store_true",
+                   help="store the run as a tune trial: kept out of `report` and `score` unless asked for")
     p.add_argument("--metrics-host", metavar="ADDR", help="address for --metrics-port (default 127.0.0.1: this host only)")
     add_common(p)
 
 
 def _interactive() -> bool:
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    return sys.stdout.isatty() and not os.environ.get("CI")  # the bar and the plain lines go to stdout
 
 
 def _print_summary(summary: dict) -> None:
     from rich.console import Console
 
-    c = Console(stderr=False)
+    c = Console(stderr=False, soft_wrap=not _interactive())  # a log file keeps each line whole
     ok = summary["status"] == "success"
-    head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
+    probe = not ok and (summary.get("status_reason") or "").startswith("throughput probe")
+    head = "[green]reached target[/green]" if ok else "[yellow]probe completed[/yellow]" if probe else "[red]FAILED[/red]"
     c.print(f"{head} {summary['workload']} run {summary['run_id']}")
     if ok:
         c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
                 f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
-    else:
-        c.print(f"  {summary.get('status_reason')}")
+    elif summary.get("status_reason"):
+        c.print(f"  {summary['status_reason']}")
     if summary.get("tokens_per_s"):
         mfu = summary.get("mfu")
         c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
@@ -109,13 +112,15 @@ def run(args, workload: str | None = None) -> int:
         spec, _info = local.prepare(workload, args.config, args.overrides, world)
     except (SpecError, StoreError) as exc:
         return bad_input(str(exc), args.json)
-    progress = _interactive() and not args.json
+    # a terminal gets the bar, a log file or pipe plain lines; with --json they go to stderr (an sbatch .err)
+    progress = "stderr" if args.json else "bar" if _interactive() else "lines"
     if ext:
         summary = local.run_as_external_rank(spec, args.out, args.db, progress)
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
             return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
     else:
-        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress)
+        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress,
+                               purpose="trial" if args.trial else "run")
     summary["wall_s"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: summary.get(k) for k in RUN_JSON_KEYS} | {"evals": summary.get("evals", []),

@@ -17,13 +17,21 @@ DESCRIPTION = ("`trainperf sweep FILE` runs the runs a sweep file spans, one aft
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="a sweep file (YAML/TOML), or the word status")
+    p.add_argument("target", nargs="?", help="a sweep file (YAML/TOML), or the word status; left out with --workload")
+    p.add_argument("--workload", help="one run without a sweep file (with --nproc-per-node, --set, --slurm)")
+    p.add_argument("--nproc-per-node", type=int, default=None, help="with --workload: processes (GPUs) per node")
+    p.add_argument("--slurm", dest="slurm_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --workload: submit through Slurm with this sweep-file slurm key (partition=h200, "
+                        "nodes=2, time=02:00:00, gpus_per_node=8, ...); repeatable")
+    p.add_argument("--name", help="with --workload: the sweep's name (default WORKLOAD-xN)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="applied to every run of the sweep")
     add_out(p)
     p.add_argument("--take-over", action="store_true",
                    help="also run items another sweep process claimed (when that process is gone but cannot be asked: "
                         "another host, or its pid reused)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every item the file spans and, for Slurm, the exact sbatch script of each; run nothing")
     add_slurm_args(p)  # --wait (default None: the sweep file's slurm.wait applies)
     add_common(p)
 
@@ -36,6 +44,8 @@ def run(args) -> int:
     from trainperf.store.db import Store, StoreError, require_existing_store
 
     try:
+        if bool(args.target) == bool(args.workload):
+            raise SpecError("give a sweep file, the word status, or --workload W for one run (not both)")
         if args.target == "status":
             require_existing_store(args.db, "your sweep")
             store = Store(args.db, read_only_ok=True)
@@ -44,7 +54,12 @@ def run(args) -> int:
                 for line in status_lines(store):
                     print(line)
         else:
-            name, items = sweep.load_sweep(args.target, args.overrides)  # a bad file creates no store
+            if args.workload:
+                name, items = sweep.checked_sweep(_single_run(args), "the command line", args.overrides)
+            else:
+                name, items = sweep.load_sweep(args.target, args.overrides)  # a bad file creates no store
+            if args.dry_run:
+                return _dry_run(args, name, items)
             store = Store(args.db)
             echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
             counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait,
@@ -62,3 +77,53 @@ def run(args) -> int:
             print(f"sweep {name}: {c['success']} success, {c['failed']} failed, {c['pending']} pending, "
                   f"{c['running']} running of {total}")
     return EXIT_OK
+
+
+def _dry_run(args, name: str, items: list[dict]) -> int:
+    """Every item of the sweep and, for Slurm, the script `sbatch` would be given; nothing runs or is stored."""
+    import os
+    from pathlib import Path
+
+    # the sbatch script writer loads only for a Slurm sweep's dry run
+    from trainperf.runner.slurm import render_script, script_dir
+
+    rows = []
+    for item in items:
+        sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in item["overrides"].items()]
+        row = {"item_id": item["item_id"], "workload": item["workload"], "nproc": item["nproc"],
+               "set": sets + list(args.overrides), "backend": item.get("backend", "local")}
+        if item.get("backend") == "slurm":
+            directory = script_dir(item["slurm"], name, args.out)
+            row["script_path"] = str(Path(directory) / f"{item['item_id']}.sbatch")
+            row["script"] = render_script(item, item["slurm"], sweep_id=name, db=args.db, out=args.out,
+                                          extra_sets=args.overrides, directory=directory, workdir=os.getcwd())
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"sweep": name, "items": rows}, indent=2))
+        return EXIT_OK
+    print(f"sweep {name}: {len(rows)} item{'' if len(rows) == 1 else 's'} (dry run: nothing runs, nothing is stored)")
+    for r in rows:
+        print(f"  {r['item_id']}  {r['workload']} x{r['nproc']} {' '.join('--set ' + s for s in r['set'])}".rstrip())
+        if "script" in r:
+            print(f"--- {r['script_path']} ---\n{r['script']}")
+    return EXIT_OK
+
+
+def _single_run(args) -> dict:
+    """The sweep of one run the command line describes (no file): Slurm when any --slurm is given."""
+    # the YAML reader parses each --slurm value as a sweep file would (numbers, booleans, strings)
+    import yaml
+
+    slurm = {}
+    for kv in args.slurm_options:
+        key, eq, value = kv.partition("=")
+        if not eq or not key:
+            raise SpecError(f"--slurm {kv!r}: expected KEY=VALUE, e.g. partition=h200 or nodes=2")
+        key = key.strip()
+        slurm[key] = value if key == "time" else yaml.safe_load(value)  # 01:00:00 is a Slurm time, not YAML's 3600
+    nproc = args.nproc_per_node or slurm.get("gpus_per_node") or 1
+    data = {"name": args.name or f"{args.workload}-x{nproc}",
+            "runs": [{"workload": args.workload, "nproc_per_node": nproc}]}
+    if slurm:
+        data |= {"backend": "slurm", "slurm": slurm}
+    return data

@@ -79,6 +79,9 @@ def run(args) -> int:
     except SpecError as exc:
         return bad_input(str(exc), args.json)
     echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    _save_as_plan(args, fits[:args.top])
+    echo(f"trying {len(fits[:args.top])} layouts of {args.workload} on {args.gpus} GPUs "
+         f"(budget {args.budget_minutes:g} min): {', '.join(c.id for c in fits[:args.top])}")
     res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
                              args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor,
                              keep_within=args.keep_within)
@@ -92,7 +95,29 @@ def run(args) -> int:
         print(json.dumps({"winner": res.winner.id if res.winner else None, "command": command, "trials": trials,
                           "elapsed_s": res.elapsed_s, "memory_headroom": headroom}, indent=2))
     elif res.winner:
-        print(f"winner {res.winner.id} after {len(trials)} trials in {res.elapsed_s:.0f} s:\n  {command}")
+        spent = "; the budget ran out before every round finished" if res.budget_spent else ""
+        print(f"winner {res.winner.id} after {len(res.ran)} trials run ({len(trials) - len(res.ran)} ruled out "
+              f"by the recalibrated planner) in {res.elapsed_s:.0f} s{spent}:\n"
+              f"  trainperf run {args.workload} --nproc-per-node {args.gpus} --layout-from-plan {res.winner.id}\n"
+              f"  {command}")
     else:
         print("no trial finished: nothing to recommend (see the reasons above)")
     return EXIT_OK if res.winner else EXIT_FAILED
+
+
+def _save_as_plan(args, candidates: list) -> None:
+    """Store the layouts tried as a plan, so the winner runs again by `run --layout-from-plan ID`."""
+    import secrets
+
+    # the store (and sqlite3) loads only when tune runs, not for --help
+    from trainperf.store.db import Store
+
+    key = secrets.token_hex(3)
+    for c in candidates:
+        c.id = f"{key}:{c.id}"
+    store = Store(args.db)
+    store.save_plan([{"plan_id": c.id, "workload": args.workload, "gpus": args.gpus, "gpus_per_node": args.gpus,
+                      "gpu": args.gpu, "overrides": c.overrides,
+                      "predicted": {"step_time_s": c.est.step_time_s, "peak_mem_gib": c.est.allocated_gib,
+                                    "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu}} for c in candidates])
+    store.close()

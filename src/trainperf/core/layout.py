@@ -167,6 +167,19 @@ def layers_per_stage(spec: RunSpec) -> int:
     return Layout.of(spec.parallel).layers_per_stage(spec.model.num_layers)
 
 
+def degrees_name(p: dict) -> str:
+    """Every degree of a layout that is not 1, for people: DP2·TP4·CP2·SP, PP2(GPipe); HSDP as
+    DP<replicate>x<shard>. ``p`` is a parallel section as a mapping (a stored spec's, or asdict)."""
+    rep, shard = p.get("dp_replicate") or 1, max(p.get("dp_shard") or 1, 1)
+    parts = [f"DP{rep}x{shard}" if rep > 1 and shard > 1 else f"DP{rep * shard}"]
+    parts += [f"{k.upper()}{p[k]}" for k in ("tp", "cp") if (p.get(k) or 1) > 1]
+    if (p.get("pp") or 1) > 1:
+        parts.append(f"PP{p['pp']}" + (f"({p['pp_schedule']})" if p.get("pp_schedule") else ""))
+    if p.get("sp") and (p.get("tp") or 1) > 1:
+        parts.append("SP")
+    return "·".join(parts)
+
+
 def layout_string(p: ParallelSpec) -> str:
     return Layout.of(p).describe()
 

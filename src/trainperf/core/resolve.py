@@ -8,6 +8,7 @@ the world size); the rest of validation is ``core.validate.validate``, before an
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,20 @@ def parse_override(text: str) -> tuple[str, str]:
         raise SpecError(f"--set {text!r}: expected section.key=value")
     key, value = text.split("=", 1)
     return key.strip(), value.strip()
+
+
+def parse_error_text(exc: Exception) -> str:
+    """'line L, column C: what' of a YAML or TOML parse error (the parser's first line when it gives no place)."""
+    mark = getattr(exc, "problem_mark", None)  # PyYAML's MarkedYAMLError: 0-based line and column
+    if mark is not None:
+        what = getattr(exc, "problem", None) or type(exc).__name__
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    at = re.search(r"\s*\(at line (\d+), column (\d+)\)", first)  # tomllib puts the place at the end
+    if at:
+        return f"line {at.group(1)}, column {at.group(2)}: {first[:at.start()] + first[at.end():]}"
+    return first
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -44,8 +59,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     except SpecError:
         raise
     except Exception as exc:  # parser errors come in many classes
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"config file {path!r} could not be parsed: {first}") from None
+        raise SpecError(f"config file {path!r} could not be parsed: {parse_error_text(exc)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"config file {path!r}: top level must be a mapping of sections")
     return data

@@ -8,6 +8,7 @@ one-line :class:`SpecError` naming the key). Resolution from config files and ``
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import types
@@ -213,6 +214,12 @@ SECTIONS = tuple(f.name for f in dataclasses.fields(RunSpec) if f.name != "workl
 # ---------------------------------------------------------------------------------------------
 # Coercion: every value reaches the spec with its declared type, or a SpecError names the key.
 
+
+def did_you_mean(name: str, choices, prefix: str = "") -> str:
+    """' (did you mean 'x'?)' for the closest of ``choices`` to a misspelt name, or ''."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix + close[0]!r}?)" if close else ""
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -272,11 +279,13 @@ def set_value(spec: RunSpec, dotted: str, value: Any) -> None:
         raise SpecError(f"override {dotted!r}: expected section.key=value with section in {', '.join(SECTIONS)}")
     section, key = dotted.split(".", 1)
     if section not in SECTIONS:
-        raise SpecError(f"unknown section {section!r} in {dotted!r}; valid sections: {', '.join(SECTIONS)}")
+        raise SpecError(f"unknown section {section!r} in {dotted!r}{did_you_mean(section, SECTIONS)}; valid sections: "
+                        f"{', '.join(SECTIONS)}")
     obj = getattr(spec, section)
     types = _section_types(obj)
     if key not in types:
-        raise SpecError(f"unknown key {dotted!r}; valid keys in {section}: {', '.join(sorted(types))}")
+        raise SpecError(f"unknown key {dotted!r}{did_you_mean(key, types, section + '.')}; valid keys in {section}: "
+                        f"{', '.join(sorted(types))}")
     setattr(obj, key, _coerce(value, types[key], dotted))
 
 

@@ -56,13 +56,15 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from trainperf.core.errors import SpecError
+from trainperf.data.text import load_tokenizer, tokenized_pieces
 
 FORMAT = "trainperf-pretok-v1"
 SPLITS = ("train", "validation")
@@ -419,16 +421,24 @@ class _SplitWriter:
             s.fh.close()
 
 
-def convert(inputs: list[str], out_dir: str, vocab_size: int, eod_id: int | None,
+def convert(inputs: list[str], out_dir: str, vocab_size: int | None, eod_id: int | None,
             validation_documents: int = 0, validation_inputs: list[str] | None = None,
-            source: str = "") -> dict:
+            source: str = "", text: TextOptions | None = None) -> dict:
     """Build a trainperf-pretok-v1 dir from plain token files (.txt, .jsonl, .npy); see the module doc.
 
     The validation split comes from ``validation_inputs`` or else from the first
     ``validation_documents`` documents of ``inputs`` (one of the two is required). Writes into a
     temporary dir next to ``out_dir`` and renames it into place at the end; an existing non-empty
     ``out_dir`` is refused. Returns {"out": ..., "format": ..., "vocab_size": ..., "dtype": ...,
-    "eod_id": ..., "splits": {split: {"tokens": N, "documents": D}}}."""
+    "eod_id": ..., "splits": {split: {"tokens": N, "documents": D}}}.
+
+    With ``text`` the inputs are raw text (.jsonl ``text`` fields, .txt files) encoded by the local
+    tokenizer it names (data/text.py); ``vocab_size`` defaults to the tokenizer's."""
+    tok = load_tokenizer(text.tokenizer) if text else None
+    if tok is not None:
+        vocab_size = vocab_size or tok.vocab_size
+        if text.eod_token is not None:
+            eod_id = _eod_from_token(tok, text.eod_token, eod_id)
     if not _is_int(vocab_size) or vocab_size < 1 or vocab_size > 2**32:
         raise SpecError(f"--vocab-size={vocab_size!r}: expected an integer in [1, 2**32]")
     if eod_id is not None and (not _is_int(eod_id) or not 0 <= eod_id < vocab_size):
@@ -443,7 +453,7 @@ def convert(inputs: list[str], out_dir: str, vocab_size: int, eod_id: int | None
         raise SpecError("no validation split: give --validation-inputs FILE... (a separate validation set, as MLPerf "
                         "uses) or --validation-documents N (the first N documents of the inputs)")
     for f in [*inputs, *(validation_inputs or [])]:
-        if Path(f).suffix.lower() not in READERS:
+        if tok is None and Path(f).suffix.lower() not in READERS:
             raise SpecError(f"{f}: unknown input kind {Path(f).suffix!r}; expected one of {sorted(READERS)}")
         if not Path(f).is_file():
             raise SpecError(f"{f}: no such input file")
@@ -456,10 +466,12 @@ def convert(inputs: list[str], out_dir: str, vocab_size: int, eod_id: int | None
     try:
         writers = {s: _SplitWriter(tmp, s, vocab_size, eod_id) for s in SPLITS}
         val, train = writers["validation"], writers["train"]
+        pieces = _pieces if tok is None else (lambda files: tokenized_pieces(
+            tok, files, text.text_key, text.per_line, text.on_document))
         if validation_inputs:
-            for piece in _pieces(validation_inputs):
+            for piece in pieces(validation_inputs):
                 val.add(*piece)
-        for piece in _pieces(inputs):
+        for piece in pieces(inputs):
             (val if val.documents < validation_documents else train).add(*piece)
         if validation_documents and val.documents < validation_documents:
             raise SpecError(f"--validation-documents={validation_documents}: the inputs hold only "
@@ -488,6 +500,26 @@ def convert(inputs: list[str], out_dir: str, vocab_size: int, eod_id: int | None
     return {"out": str(out), **meta}
 
 
+@dataclass
+class TextOptions:
+    """How `data convert --tokenizer` reads raw text (data/text.py)."""
+
+    tokenizer: str  # a local tokenizer.json, SentencePiece .model, or a folder with one
+    text_key: str = "text"  # the .jsonl field holding a document's text
+    per_line: bool = False  # .txt: one document per line (else the whole file is one document)
+    eod_token: str | None = None  # the end-of-document token by name, e.g. <|end_of_text|>
+    on_document: Callable[[str], None] | None = None  # called with each document's text (a progress bar)
+
+
+def _eod_from_token(tok, token: str, eod_id: int | None) -> int:
+    found = tok.token_to_id(token)
+    if found is None:
+        raise SpecError(f"--eod-token {token!r}: not a token of {tok.path!r}")
+    if eod_id is not None and eod_id != found:
+        raise SpecError(f"--eod-token {token!r} is id {found}, but --eod-id says {eod_id}; give one of them")
+    return found
+
+
 def _refuse_existing(out: Path) -> None:
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise SpecError(f"--out {str(out)!r} already exists and is not an empty directory; "
@@ -500,32 +532,86 @@ def _refuse_existing(out: Path) -> None:
 
 def build_parser(prog: str = "trainperf data convert") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description=f"Convert plain token files (.txt: one document per line; .jsonl: "
-                               f"{'/'.join(JSONL_KEYS)} per line; .npy: 1-D document or 2-D rows) into a "
-                               f"{FORMAT} pretraining data dir.")
-    p.add_argument("inputs", nargs="+", help="training token files (.txt, .jsonl, .npy)")
+        prog=prog, description=f"Convert token files (.txt: one document per line; .jsonl: {'/'.join(JSONL_KEYS)} "
+                               f"per line; .npy: 1-D document or 2-D rows), or raw text through a local tokenizer "
+                               f"(--tokenizer; .jsonl: a text field per line; .txt: a document per file or per line), "
+                               f"into a {FORMAT} pretraining data dir.")
+    p.add_argument("inputs", nargs="+", help="training files (.txt, .jsonl, .npy; raw text with --tokenizer)")
     p.add_argument("--out", required=True, help="output dir (must not exist, or be empty)")
-    p.add_argument("--vocab-size", type=int, required=True, help="tokenizer vocabulary size (Llama 3.1: 128256)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="tokenizer vocabulary size (Llama 3.1: 128256); with --tokenizer, the tokenizer's by default")
     p.add_argument("--eod-id", type=int, default=None, help="end-of-document id appended to each document "
                                                              "(default: none)")
     p.add_argument("--validation-documents", type=int, default=0,
                    help="take the first N documents of the inputs as the validation split")
     p.add_argument("--validation-inputs", nargs="+", default=None,
-                   help="separate validation token files (instead of --validation-documents)")
+                   help="separate validation files (instead of --validation-documents)")
     p.add_argument("--source", default="", help="free text recorded in meta.json")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="the inputs are raw text: encode them with this local tokenizer.json, SentencePiece .model, "
+                        "or a folder holding one")
+    p.add_argument("--text-key", default="text", help="with --tokenizer: the .jsonl field holding the text (default text)")
+    p.add_argument("--per-line", action="store_true",
+                   help="with --tokenizer: a .txt file holds one document per line (default: the whole file is one)")
+    p.add_argument("--eod-token", metavar="TOKEN", help="with --tokenizer: the end-of-document token by name "
+                                                         "(e.g. '<|end_of_text|>') instead of --eod-id")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
+
+
+def _text_progress(args) -> tuple[TextOptions | None, object]:
+    """The raw-text options and, on a terminal, a rich bar counting documents and megabytes."""
+    if not args.tokenizer:
+        if args.vocab_size is None:
+            raise SpecError("--vocab-size is required for token files (or give --tokenizer for raw text)")
+        return None, None
+    bar = None
+    on_document = None
+    if sys.stderr.isatty():
+        from rich.console import Console  # the bar loads only on a terminal
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                       console=Console(stderr=True), transient=True)
+        task = bar.add_task("tokenizing")
+        seen = {"docs": 0, "bytes": 0}
+
+        def on_document(text: str) -> None:
+            seen["docs"] += 1
+            seen["bytes"] += len(text)
+            if seen["docs"] % 256 == 0:
+                bar.update(task, description=f"tokenizing: {seen['docs']:,} documents, {seen['bytes'] / 1e6:,.1f} MB")
+
+        bar.start()
+    return TextOptions(args.tokenizer, args.text_key, args.per_line, args.eod_token, on_document), bar
+
+
+def _print_summary(summary: dict) -> None:
+    splits = ", ".join(f"{s} {c['documents']:,} documents / {c['tokens']:,} tokens" for s, c in summary["splits"].items())
+    print(f"wrote {summary['out']} ({summary['format']}, vocab {summary['vocab_size']}, {summary['dtype']}, "
+          f"eod {summary['eod_id']}): {splits}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    bar = None
     try:
+        text, bar = _text_progress(args)
         summary = convert(args.inputs, args.out, args.vocab_size, args.eod_id,
                           validation_documents=args.validation_documents,
-                          validation_inputs=args.validation_inputs, source=args.source)
+                          validation_inputs=args.validation_inputs, source=args.source, text=text)
     except SpecError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc), "exit_code": 2}))
         print(f"trainperf: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
+    finally:
+        if bar is not None:
+            bar.stop()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
     return 0
 
 

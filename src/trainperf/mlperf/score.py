@@ -245,7 +245,7 @@ def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workl
     try:
         if workload:
             store = _open_store(db)
-            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000) if r["status"] != "running"]
+            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000, trials=False) if r["status"] != "running"]
             if not rows:
                 raise SpecError(f"no finished runs of workload {workload!r} in {db!r}")
             if last is None:
@@ -708,8 +708,10 @@ def print_score(score: Score, console=None) -> None:
             console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} samples, RCP mean "
                           f"{rcp['rcp_mean']:.1f}, minimum acceptable {rcp['min_acceptable_mean']:.1f}")
     console.print(f"scaling factor {score.scaling_factor:.4f}")
-    verdict = "[green]valid MLPerf score[/green]" if score.valid else "[red]not valid[/red]"
-    console.print(f"score          {_fmt_min(score.score_minutes)} min  ({verdict})")
+    if score.valid:
+        console.print(f"score          {_fmt_min(score.score_minutes)} min  ([green]valid MLPerf score[/green])")
+    else:  # an invalid set has no score: the olympic mean above is only what these runs give
+        console.print("score          [red]none: not a valid MLPerf score[/red]")
     if not score.valid:
         for reason in score.reasons:
             console.print(f"  - {reason}")

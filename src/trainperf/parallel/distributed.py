@@ -36,7 +36,8 @@ def record_collectives() -> None:
     """PyTorch's Flight Recorder on: keep the last collectives of every rank in a ring buffer, dumped
     when a collective times out. Must be set before the group exists (the NCCL group reads these
     when it is made, the buffer is sized at the first collective)."""
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 8):  # the older name, deprecated (a warning) since
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 

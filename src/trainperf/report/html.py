@@ -1,11 +1,13 @@
-"""The morning report: scaling table, predicted vs measured, published MLPerf results, plots -- one
-self-contained HTML page (plots embedded as PNG data URIs, no external assets)."""
+"""The morning report, one self-contained HTML page (plots embedded as PNG data URIs, no external
+assets): the system the runs ran on; per workload a scaling table of one (GPU count, layout, GBS, MBS)
+per row with its anomalies, time to train against GPUs (beside the published results of the same
+benchmark and GPU model, for comparable runs only) and eval loss against samples with the target;
+MLPerf scores; predicted against measured; every run. Tune trials are left out by the caller unless
+asked for."""
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import os
 import statistics
@@ -15,28 +17,14 @@ from collections import defaultdict
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
 from trainperf.mlperf.score import read_run, score_runs
-from trainperf.report.projection import (
-    layout_columns,
-    projected_scaling_rows,
-    with_speedup,
+from trainperf.report.plots import (
+    eval_curves_png,
+    predicted_vs_measured_png,
+    step_breakdown_png,
+    time_to_train_png,
 )
-
-
-def scaling_rows(runs: list[dict]) -> list[dict]:
-    """Per workload and GPU count, the fastest successful run; speedup against the smallest GPU
-    count of that workload and efficiency against ideal (linear) scaling."""
-    best: dict[tuple[str, int], dict] = {}
-    for r in runs:
-        if r["status"] != "success" or r.get("time_to_train_s") is None:
-            continue
-        k = (r["workload"], r["world_size"])
-        if k not in best or r["time_to_train_s"] < best[k]["time_to_train_s"]:
-            best[k] = r
-    rows = [{"workload": w, "gpus": n, "layout": r["layout"], **layout_columns(r), "time_to_train_s": r["time_to_train_s"],
-             "run_id": r["run_id"], "tokens_per_s_per_gpu": r.get("tokens_per_s_per_gpu"), "mfu": r.get("mfu"),
-             "runs": sum(1 for x in runs if x["workload"] == w and x["world_size"] == n and x["status"] == "success")}
-            for (w, n), r in sorted(best.items())]
-    return with_speedup(rows, "workload", "time_to_train_s")
+from trainperf.report.projection import projected_scaling_rows
+from trainperf.report.scaling import ScalingRow, full_layout, row_key, scaling_table
 
 
 def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
@@ -47,9 +35,9 @@ def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
     groups = defaultdict(list)
     for r in runs:
         if r["status"] in ("success", "failed") and r.get("mllog_path") and os.path.isfile(r["mllog_path"]):
-            groups[(r["workload"], r["layout"], r["world_size"])].append(r)
+            groups[row_key(r)].append(r)
     out = []
-    for (w, layout, n), members in sorted(groups.items()):
+    for (w, n, layout, _gbs, _mbs), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
         if len(members) < min_runs:
             continue
         try:
@@ -60,78 +48,9 @@ def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
             continue
         rcp = score.rcp or {}
         out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": score.score_minutes,
+                    "olympic_min": score.olympic_mean_minutes,
                     "valid": score.valid, "verdict": score.reason or "valid MLPerf score",
                     "rcp": ("pass" if rcp.get("passed") else "fail") if "passed" in rcp else rcp.get("message", "-")})
-    return out
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def plots(runs: list[dict], steps_by_run: dict[str, list[dict]], scaling: list[dict]) -> list[tuple[str, str]]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
-    if scaling:
-        with_mfu = any(r["mfu"] for r in scaling)  # CPU runs have no honest MFU: no empty panel
-        fig, axes = plt.subplots(1, 2 if with_mfu else 1, figsize=(11 if with_mfu else 6, 4), squeeze=False)
-        ax1, ax2 = axes[0][0], (axes[0][1] if with_mfu else None)
-        for w in sorted({r["workload"] for r in scaling}):
-            rows = [r for r in scaling if r["workload"] == w]
-            n = [r["gpus"] for r in rows]
-            t = [r["time_to_train_s"] / 60 for r in rows]
-            ax1.plot(n, t, "o-", label=w)
-            ax1.plot(n, [t[0] * n[0] / x for x in n], ":", color="grey")
-            if ax2 is not None:
-                ax2.plot(n, [100 * (r["mfu"] or 0) for r in rows], "o-", label=w)
-        pub = [p for p in LLAMA2_70B_LORA if p[3] == "H200"]
-        ax1.scatter([p[4] for p in pub], [p[6] for p in pub], marker="x", color="black", label="published llama2_70b_lora H200")
-        panels = [(ax1, "time to train vs GPUs (dotted: ideal)", "minutes")] + (
-            [(ax2, "MFU vs GPUs", "MFU %")] if ax2 is not None else [])
-        for ax, title, ylabel in panels:
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("GPUs")
-            ax.set_ylabel(ylabel)
-            ax.set_title(title)
-            ax.legend(fontsize=7)
-        ax1.set_yscale("log")
-        out.append(("Scaling", _png(fig)))
-        plt.close(fig)
-    curves = [r for r in runs if steps_by_run.get(r["run_id"])][:8]
-    if curves:
-        fig, ax = plt.subplots(figsize=(11, 4))
-        for r in curves:
-            s = steps_by_run[r["run_id"]]
-            ax.plot([x["samples"] for x in s], [x["loss"] for x in s], label=f"{r['workload']} {r['run_id'][-6:]} ({r['world_size']})")
-        ax.set_xlabel("samples")
-        ax.set_ylabel("train loss")
-        ax.set_title("Loss curves (newest runs)")
-        ax.legend(fontsize=7)
-        out.append(("Loss curves", _png(fig)))
-        plt.close(fig)
-    traced = trace_breakdowns(runs)
-    if traced:
-        fig, ax = plt.subplots(figsize=(11, 0.6 * len(traced) + 1.5))
-        labels = [f"{t['workload']} {t['layout']} ({t['run_id'][-6:]}, {t['overlap_pct']:.0f}% of comm overlapped)"
-                  for t in traced]
-        left = [0.0] * len(traced)
-        # compute + exposed communication + idle = the step (overlapped communication hides under compute)
-        for key, label, color in (("compute_s", "compute", "tab:blue"), ("exposed_comm_s", "communication, exposed", "tab:red"),
-                                  ("idle_s", "idle", "lightgrey")):
-            widths = [1e3 * t[key] for t in traced]
-            ax.barh(labels, widths, left=left, label=label, color=color)
-            left = [a + b for a, b in zip(left, widths)]
-        ax.set_xlabel("ms per step (mean over ranks, from `trainperf trace`)")
-        ax.set_title("Where the step time goes")
-        ax.legend(fontsize=7, loc="lower right")
-        out.append(("Step-time breakdown", _png(fig)))
-        plt.close(fig)
     return out
 
 
@@ -144,7 +63,8 @@ def trace_breakdowns(runs: list[dict]) -> list[dict]:
         if not r.get("out_dir") or not os.path.isfile(path):
             continue
         try:
-            tot = json.load(open(path))["totals"]
+            with open(path) as f:
+                tot = json.load(f)["totals"]
         except (ValueError, KeyError, OSError):
             continue
         out.append({"run_id": r["run_id"], "workload": r["workload"], "layout": r.get("layout") or "",
@@ -153,15 +73,12 @@ def trace_breakdowns(runs: list[dict]) -> list[dict]:
     return out
 
 
-def _layout_cells(r: dict) -> list[str]:
-    """DP, TP, PP, CP, SP, GBS, MBS cells of a scaling row (report/projection.py: layout_columns)."""
-    return [_f(r.get(k), "") for k in ("dp", "tp", "pp", "cp")] + ["y" if r.get("sp") else "-", _f(r.get("gbs"), ""),
-                                                                   _f(r.get("mbs"), "")]
 
 
-def _table(headers: list[str], rows: list[list]) -> str:
+def _table(headers: list[str], rows: list[list], classes: list[str] | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(f"<tr class='{classes[i] if classes else ''}'>" + "".join(
+        f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for i, row in enumerate(rows))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -169,58 +86,168 @@ def _f(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render(runs: list[dict], steps_by_run: dict[str, list[dict]]) -> str:
-    scaling = scaling_rows(runs)
-    scores = olympic_scores(runs)
-    parts = [f"<h1>trainperf report</h1><p>{len(runs)} runs, generated {time.strftime('%Y-%m-%d %H:%M')}</p>"]
-    parts.append("<h2>Scaling table</h2>" + (_table(
-        ["workload", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "time to train (s)", "speedup", "efficiency",
-         "tokens/s/GPU", "MFU", "runs"],
-        [[r["workload"], r["gpus"], *_layout_cells(r),
-          _f(r["time_to_train_s"], ".1f"), _f(r["speedup"], ".2f"),
-          _f(100 * r["efficiency"], ".0f") + "%", _f(r["tokens_per_s_per_gpu"], ",.0f"),
-          _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f"), r["runs"]] for r in scaling])
-        if scaling else "<p>No successful runs yet.</p>"))
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _img(title: str, uri: str | None) -> str:
+    return "" if uri is None else f"<figure><img alt='{html.escape(title)}' src='{uri}'></figure>"
+
+
+def _json(text: str | None) -> dict:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return {}
+
+
+def system_section(runs: list[dict], preflight: dict | None) -> str:
+    """What the runs ran on: device, count, hosts, software (from the runs' rows), the newest preflight."""
+    seen: dict[tuple, list[str]] = defaultdict(list)
+    for r in runs:
+        hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
+        device = hw.get("gpu") or (f"CPU {hw.get('cpu') or ''} ({hw.get('cores')} cores)" if hw else "-")
+        soft = ", ".join(f"{k} {v}" for k, v in sorted(sw.items()) if v)
+        seen[(device, r.get("host") or "-", soft or "-")].append(str(r["world_size"]))
+    rows = [[dev, host, ", ".join(sorted(set(n), key=int)), soft] for (dev, host, soft), n in sorted(seen.items())]
+    out = "<h2>System</h2>" + _table(["device", "host (rank 0)", "GPU / process counts run", "software"], rows)
+    if preflight:
+        hosts = ", ".join(_json(preflight.get("hosts_json")) or [preflight.get("host") or "-"])
+        measured = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in sorted((preflight.get("overrides") or {}).items()))
+        out += (f"<p>Newest preflight ({time.strftime('%Y-%m-%d %H:%M', time.localtime(preflight['created_at']))}): "
+                f"{html.escape(preflight.get('gpu') or '-')} × {preflight['world_size']} on {html.escape(hosts)}; "
+                f"{preflight['n_pass']} pass, {preflight['n_warn']} warn, {preflight['n_fail']} fail. "
+                f"Measured link and device rates: {html.escape(measured or '-')}.</p>")
+    else:
+        out += "<p>No GPU preflight in this store (`trainperf preflight` measures the GPUs and links).</p>"
+    return out
+
+
+def scaling_section(rows: list[ScalingRow]) -> str:
+    headers = ["GPUs", "layout", "GBS", "MBS", "time to train (min)", "basis", "runs (ok)", "tokens/s/GPU",
+               "TFLOP/s/GPU", "MFU", "speedup", "efficiency", "anomalies"]
+    cells = [[r.gpus, r.layout, _f(r.gbs, ""), _f(r.mbs, ""),
+              _f(None if r.time_to_train_s is None else r.time_to_train_s / 60, ".2f"), r.time_basis or "-",
+              f"{r.runs} ({r.succeeded})", _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tflops_per_gpu, ".3g"),
+              _pct(r.mfu), "-" if r.speedup is None else f"{r.speedup:.2f}× ({r.speedup_basis})",
+              _pct(r.efficiency), "; ".join(r.anomalies) or "-"] for r in rows]
+    return _table(headers, cells, ["anomaly" if r.anomalies else "" for r in rows])
+
+
+def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
+    """Published llama2_70b_lora points for comparable runs of that benchmark, on their GPU model only."""
+    comparable = [r for r in runs if r.get("comparable")]
+    benchmarks = {_json(r.get("spec_json")).get("mlperf", {}).get("benchmark") for r in comparable}
+    if "llama2_70b_lora" not in benchmarks:
+        return [], ""
+    gpus = {_json(r.get("hardware_json")).get("gpu") or "" for r in comparable}
+    models = {m for m in ("H100", "H200") if any(m in g for g in gpus)}
+    points = [p for p in LLAMA2_70B_LORA if p[3] in models]
+    return points, f"published llama2_70b_lora, {', '.join(sorted(models))} (MLCommons)"
+
+
+def workload_section(workload: str, runs: list[dict], rows: list[ScalingRow], evals_by_run: dict[str, list[dict]]) -> str:
+    published, label = published_points_for(runs)
+    targets = [r["target"] for r in runs if r.get("target") is not None]
+    parts = [f"<h2>{html.escape(workload)}</h2>",
+             "<p>One row per GPU count, layout, GBS and MBS. Time to train is the olympic mean where a row has "
+             "three or more successful runs; speedup and efficiency are against the fastest row at the fewest "
+             "GPUs with the same GBS.</p>" if rows else "<p>No finished runs with a measurement.</p>"]
+    if rows:
+        parts.append(scaling_section(rows))
+    parts.append("<div class='plots'>" + _img("time to train vs GPUs", time_to_train_png(workload, rows, published, label))
+                 + _img("eval loss vs samples", eval_curves_png(workload, runs, evals_by_run,
+                                                                targets[0] if targets else None)) + "</div>")
+    return "".join(parts)
+
+
+def predicted_section(runs: list[dict]) -> str:
+    pred = [r for r in runs if r.get("predicted_step_time_s") and r.get("step_time_s")]
+    if not pred:
+        return ""
+    errs = [abs(r["predicted_step_time_s"] / r["step_time_s"] - 1) for r in pred]
+    cells = [[r["run_id"], r["workload"], r["world_size"], full_layout_of(r), _f(r["step_time_s"], ".4f"),
+              _f(r["predicted_step_time_s"], ".4f"), f"{100 * (r['predicted_step_time_s'] / r['step_time_s'] - 1):+.0f}%",
+              _f(r.get("peak_mem_gib"), ".2f"), _f(r.get("predicted_peak_gib"), ".2f")] for r in pred]
+    png = predicted_vs_measured_png([(r["predicted_step_time_s"], r["step_time_s"], r["workload"]) for r in pred])
+    return ("<h2>Predicted vs measured</h2>"
+            f"<p>Planner step-time error over {len(errs)} runs: median {100 * statistics.median(errs):.1f}%, "
+            f"max {100 * max(errs):.1f}%.</p>" + _img("predicted vs measured", png) + _table(
+                ["run", "workload", "GPUs", "layout", "step s", "predicted", "error", "peak GiB", "predicted GiB"], cells))
+
+
+def full_layout_of(run: dict) -> str:
+    return row_key(run)[2]
+
+
+def _projected_section(runs: list[dict]) -> str:
     projected = projected_scaling_rows(runs)
-    if projected:
-        parts.append("<h2>Projected time to train (throughput runs × the RCP's samples to converge)</h2>"
-                     "<p>A projection, not a time to train: measured samples/s of short runs, the MLPerf reference "
-                     "samples to converge at their GBS, plus the recipe's evals (measured eval pass, or planned)."
-                     "</p>" + _table(
-                         ["benchmark", "GPUs", "DP", "TP", "PP", "CP", "SP", "GBS", "MBS", "samples/s",
-                          "reference samples", "evals (s)", "projected (min)", "speedup", "efficiency", "tokens/s/GPU",
-                          "MFU"],
-                         [[r["benchmark"], r["gpus"], *_layout_cells(r), _f(r["samples_per_s"], ".3f"),
-                           f"{r['reference_samples']:.0f} ({html.escape(r['reference'])})",
-                           f"{r['eval_s']:.0f} ({r['eval_source']})", _f(r["projected_s"] / 60, ".1f"),
-                           _f(r["speedup"], ".2f"), _f(100 * r["efficiency"], ".0f") + "%",
-                           _f(r.get("tokens_per_s_per_gpu"), ",.0f"),
-                           _f(None if r.get("mfu") is None else 100 * r["mfu"], ".1f")] for r in projected]))
-    if scores:
-        parts.append("<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
-            ["workload", "layout", "GPUs", "runs", "score", "RCP", "verdict"],
-            [[s["workload"], s["layout"], s["gpus"], s["runs"], _f(s["score_min"], ".2f"), s.get("rcp", "-"),
-              s["verdict"]] for s in scores]))
-    parts.append("<h2>Runs</h2>" + _table(
-        ["run", "workload", "status", "GPUs", "layout", "time to train (s)", "samples", "eval / target", "tokens/s/GPU",
-         "MFU", "peak GiB (predicted)", "step s (predicted)", "division"],
-        [[r["run_id"], r["workload"], r["status"], r["world_size"], r["layout"], _f(r.get("time_to_train_s"), ".1f"),
+    if not projected:
+        return ""
+    return ("<h2>Projected time to train (throughput runs × the RCP's samples to converge)</h2>"
+            "<p>A projection, not a time to train: measured samples/s of short runs, the MLPerf reference "
+            "samples to converge at their GBS, plus the recipe's evals (measured eval pass, or planned).</p>" + _table(
+                ["benchmark", "GPUs", "layout", "GBS", "MBS", "samples/s", "reference samples", "evals (s)",
+                 "projected (min)", "speedup", "efficiency", "tokens/s/GPU", "MFU"],
+                [[r["benchmark"], r["gpus"], full_layout({"parallel": {"dp_shard": r.get("dp"), **{
+                    k: r.get(k) for k in ("tp", "cp", "pp", "sp")}}}), _f(r.get("gbs"), ""), _f(r.get("mbs"), ""), _f(r["samples_per_s"], ".3f"),
+                  f"{r['reference_samples']:.0f} ({r['reference']})", f"{r['eval_s']:.0f} ({r['eval_source']})",
+                  _f(r["projected_s"] / 60, ".1f"), _f(r["speedup"], ".2f"), _pct(r["efficiency"]),
+                  _f(r.get("tokens_per_s_per_gpu"), ",.0f"), _pct(r.get("mfu"))] for r in projected]))
+
+
+def _scores_section(runs: list[dict]) -> str:
+    scores = olympic_scores(runs)
+    if not scores:
+        return ""
+    return "<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
+        ["workload", "GPUs", "layout", "runs", "olympic mean", "score", "RCP", "verdict"],
+        [[s["workload"], s["gpus"], s["layout"], s["runs"], _f(s.get("olympic_min"), ".2f"),
+          _f(s["score_min"], ".2f") if s["valid"] else "none (not valid)", s.get("rcp", "-"),
+          s["verdict"]] for s in scores], ["" if s["valid"] else "anomaly" for s in scores])
+
+
+def _runs_section(runs: list[dict]) -> str:
+    return "<h2>Runs</h2>" + _table(
+        ["run", "workload", "kind", "status", "GPUs", "layout", "GBS/MBS", "time to train (s)", "samples",
+         "eval / target", "tokens/s/GPU", "MFU", "division"],
+        [[r["run_id"], r["workload"], r.get("purpose") or "run", r["status"], r["world_size"], full_layout_of(r),
+          "/".join(_f(x, "") for x in row_key(r)[3:]), _f(r.get("time_to_train_s"), ".1f"),
           _f(r.get("samples_to_target"), "d"), f"{_f(r.get('final_eval_loss'), '.4f')} / {_f(r.get('target'), '.4f')}",
-          _f(r.get("tokens_per_s_per_gpu"), ",.0f"), _f(None if r.get("mfu") is None else 100 * r["mfu"], ".1f"),
-          f"{_f(r.get('peak_mem_gib'), '.2f')} ({_f(r.get('predicted_peak_gib'), '.2f')})",
-          f"{_f(r.get('step_time_s'), '.3f')} ({_f(r.get('predicted_step_time_s'), '.3f')})",
-          (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")] for r in runs]))
-    errs = [abs(r["predicted_step_time_s"] / r["step_time_s"] - 1) for r in runs
-            if r.get("predicted_step_time_s") and r.get("step_time_s")]
-    if errs:
-        parts.append(f"<p>Planner step-time error over {len(errs)} runs: median {100 * statistics.median(errs):.1f}%, "
-                     f"max {100 * max(errs):.1f}%.</p>")
-    parts.append("<h2>Published MLPerf llama2_70b_lora results</h2><p>" + html.escape(SOURCE) + "</p>" + _table(
-        ["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"], [list(p) for p in LLAMA2_70B_LORA]))
-    for title, uri in plots(runs, steps_by_run, scaling):
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>")
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px;"
-             "margin-bottom:1em}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}"
-             "img{max-width:100%}")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>trainperf report</title><style>{style}</style></head>" \
-           f"<body>{''.join(parts)}</body></html>"
+          _f(r.get("tokens_per_s_per_gpu"), ",.0f"), _pct(r.get("mfu")),
+          (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")] for r in runs])
+
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px;color:#222}h2{border-bottom:1px solid #ddd;"
+         "padding-bottom:4px;margin-top:1.6em}table{border-collapse:collapse;font-size:12px;margin-bottom:1em}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#eee}td:first-child,"
+         "td:nth-child(2){text-align:left}tr.anomaly td{background:#fff4e0}.plots{display:flex;flex-wrap:wrap;"
+         "gap:1em}figure{margin:0}img{max-width:100%}p.note{color:#666;font-size:12px}")
+
+
+def render(runs: list[dict], evals_by_run: dict[str, list[dict]] | None = None, preflight: dict | None = None,
+           trials_left_out: int = 0) -> str:
+    """The whole page of these runs (the caller leaves tune trials out unless they were asked for)."""
+    evals_by_run = evals_by_run or {}
+    rows = scaling_table(runs)
+    left = f"; {trials_left_out} tune trials left out (`report --trials` shows them)" if trials_left_out else ""
+    parts = [f"<h1>trainperf report</h1><p>{len(runs)} runs{left}; generated {time.strftime('%Y-%m-%d %H:%M')}</p>",
+             system_section(runs, preflight)]
+    for workload in sorted({r["workload"] for r in runs}):
+        parts.append(workload_section(workload, [r for r in runs if r["workload"] == workload],
+                                      [r for r in rows if r.workload == workload], evals_by_run))
+    parts += [_scores_section(runs), predicted_section(runs), _projected_section(runs)]
+    traced = trace_breakdowns(runs)
+    if traced:
+        parts.append("<h2>Step-time breakdown</h2>" + _img("step-time breakdown", step_breakdown_png(traced)))
+    parts.append(_runs_section(runs))
+    if published_points_for(runs)[0]:
+        parts.append("<h2>Published MLPerf llama2_70b_lora results</h2><p class='note'>" + html.escape(SOURCE)
+                     + "</p>" + _table(["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"],
+                                       [list(p) for p in LLAMA2_70B_LORA]))
+    else:
+        parts.append("<p class='note'>Published MLPerf results are shown beside comparable (closed-division) runs "
+                     "of their benchmark only; none of these runs is one.</p>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>trainperf report</title><style>{STYLE}</style>"
+            f"</head><body>{''.join(parts)}</body></html>")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.table import Table
 
 from trainperf.core.results import REPORT_COLUMNS
+from trainperf.report.scaling import row_key
 
 # a run's results (RunSummary's report columns) and what the planner predicted for it
 COLUMNS = (*REPORT_COLUMNS, "predicted_step_time_s", "predicted_peak_gib")
 
 
 def rows_for_json(runs: list[dict]) -> list[dict]:
-    return [{k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable"))} for r in runs]
+    """Each run's report columns, with its layout's degrees (DP2·TP4·SP), GBS, MBS and whether it is a trial."""
+    out = []
+    for r in runs:
+        _, _, degrees, gbs, mbs = row_key(r)
+        out.append({k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable")), "degrees": degrees,
+                                                    "gbs": gbs, "mbs": mbs, "purpose": r.get("purpose", "run")})
+    return out
 
 
 def _fmt(v, spec: str = "") -> str:
@@ -28,36 +37,85 @@ def _vs(measured, predicted) -> str:
     return f" ({predicted:.2f}, {100 * (predicted / measured - 1):+.0f}%)"
 
 
-def print_table(runs: list[dict], console: Console | None = None) -> None:
-    console = console or Console(width=None if Console().is_terminal else 200)
-    table = Table(title=f"trainperf runs ({len(runs)})", show_lines=False)
-    for col, justify in (("run", "left"), ("workload", "left"), ("status", "left"), ("layout", "left"),
-                         ("procs", "right"), ("time to train", "right"), ("samples", "right"),
-                         ("eval / target", "right"), ("tokens/s", "right"), ("tok/s/gpu", "right"),
-                         ("MFU", "right"), ("peak GiB", "right"), ("step s (plan)", "right"),
-                         ("division", "left")):
-        table.add_column(col, justify=justify)
-    for r in runs:
-        status = r["status"]
-        style = {"success": "green", "failed": "red", "running": "yellow", "hung": "magenta"}.get(status, "")
-        layout = (r.get("layout") or "").replace("dp_replicate=", "R").replace(",dp_shard=", "xS").split(",tp")[0]
-        division = (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")
-        table.add_row(
-            r["run_id"], r["workload"], f"[{style}]{status}[/{style}]" if style else status, layout,
-            _fmt(r.get("world_size")),
-            _fmt(r.get("time_to_train_s"), ".1f") + (" s" if r.get("time_to_train_s") is not None else ""),
-            _fmt(r.get("samples_to_target")),
-            f"{_fmt(r.get('final_eval_loss'), '.4f')} / {_fmt(r.get('target'), '.4f')}",
-            _fmt(r.get("tokens_per_s"), ",.0f"), _fmt(r.get("tokens_per_s_per_gpu"), ",.0f"),
-            _fmt(None if r.get("mfu") is None else 100 * r["mfu"], ".1f") + ("%" if r.get("mfu") is not None else ""),
-            _fmt(r.get("peak_mem_gib"), ".2f") + _vs(r.get("peak_mem_gib"), r.get("predicted_peak_gib")),
-            _fmt(r.get("step_time_s"), ".3f") + _vs(r.get("step_time_s"), r.get("predicted_step_time_s")), division,
-        )
+def _status(r: dict) -> str:
+    return r["status"] + (" (trial)" if r.get("purpose") == "trial" else "")
+
+
+def _time(r: dict) -> str:
+    v = r.get("time_to_train_s")
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def _mfu(r: dict) -> str:
+    return "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+
+
+# (header, justify, cell) in the order columns are kept when the terminal is too narrow for all of them
+RUN_COLUMNS = (
+    ("run", "left", lambda r: r["run_id"]),
+    ("status", "left", _status),
+    ("GPUs", "right", lambda r: _fmt(r.get("world_size"))),
+    ("layout", "left", lambda r: row_key(r)[2]),
+    ("time to train", "right", _time),
+    ("GBS/MBS", "right", lambda r: "/".join(_fmt(x) for x in row_key(r)[3:])),
+    ("tok/s/GPU", "right", lambda r: _fmt(r.get("tokens_per_s_per_gpu"), ",.0f")),
+    ("MFU", "right", _mfu),
+    ("workload", "left", lambda r: r["workload"]),
+    ("eval / target", "right", lambda r: f"{_fmt(r.get('final_eval_loss'), '.4f')} / {_fmt(r.get('target'), '.4f')}"),
+    ("samples", "right", lambda r: _fmt(r.get("samples_to_target"))),
+    ("step s (plan)", "right", lambda r: _fmt(r.get("step_time_s"), ".3f") + _vs(r.get("step_time_s"),
+                                                                                r.get("predicted_step_time_s"))),
+    ("peak GiB (plan)", "right", lambda r: _fmt(r.get("peak_mem_gib"), ".2f") + _vs(r.get("peak_mem_gib"),
+                                                                                   r.get("predicted_peak_gib"))),
+    ("tokens/s", "right", lambda r: _fmt(r.get("tokens_per_s"), ",.0f")),
+    ("division", "left", lambda r: (r.get("division") or "-") + ("" if r.get("comparable") else " (not comparable)")),
+)
+
+
+PIPE_WIDTH = 120  # the width a pipe or log file gets without COLUMNS
+
+
+def table_width(widths: list[int]) -> int:
+    """Characters a rich Table with these column widths takes: a border and two spaces of padding each."""
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def fit_columns(headers: list[str], cells: list[list[str]], width: int | None) -> list[int]:
+    """Indices of the columns kept, in order, so that every value shows whole within ``width``
+    characters (None: all). Columns are dropped from the end of the list, never truncated."""
+    need = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    keep = list(range(len(headers)))
+    while width is not None and len(keep) > 1 and table_width([need[i] for i in keep]) > width:
+        keep.pop()
+    return keep
+
+
+def print_table(runs: list[dict], console: Console | None = None, wide: bool = False, trials_left_out: int = 0) -> None:
+    """The runs, one line each with whole values: on a narrow terminal the less important columns are
+    left out (and named), ``wide`` keeps them all."""
+    headers = [c[0] for c in RUN_COLUMNS]
+    cells = [[c[2](r) for c in RUN_COLUMNS] for r in runs]
+    console = console or Console()
+    width = None if wide else (console.width if console.is_terminal else int(os.environ.get("COLUMNS", PIPE_WIDTH)))
+    keep = fit_columns(headers, cells, width)
+    need = table_width([max([len(headers[i])] + [len(row[i]) for row in cells]) for i in keep])
+    if not console.is_terminal or wide:
+        console = Console(width=max(need, width or 0, PIPE_WIDTH), file=console.file)
+    left = f", {trials_left_out} tune trials left out (--trials)" if trials_left_out else ""
+    table = Table(title=f"trainperf runs ({len(runs)}{left})", show_lines=False)
+    for i in keep:
+        table.add_column(headers[i], justify=RUN_COLUMNS[i][1], no_wrap=True)
+    for r, row in zip(runs, cells):
+        style = {"success": "green", "failed": "red", "running": "yellow", "hung": "magenta"}.get(r["status"], "")
+        table.add_row(*[f"[{style}]{row[i]}[/{style}]" if headers[i] == "status" and style else row[i] for i in keep])
     console.print(table)
+    if len(keep) < len(headers):
+        console.print(f"columns left out to fit {width}: {', '.join(headers[i] for i in range(len(headers)) if i not in keep)} "
+                      "(--wide shows every column)", soft_wrap=True)
     print_projection(runs, console)
     failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]
     for r in failed[:5]:
-        console.print(f"[red]{r['run_id']}[/red]: {r['status_reason']}")
+        console.print(f"[red]{r['run_id']}[/red]: {r['status_reason']}", soft_wrap=True)
 
 
 def print_projection(runs: list[dict], console: Console) -> None:

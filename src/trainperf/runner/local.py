@@ -220,7 +220,8 @@ def git_sha() -> str | None:
         return None
 
 
-def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool) -> dict:
+def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str,
+           purpose: str = "run") -> dict:
     """Run the job to completion and return its summary (status success or failed)."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
@@ -230,7 +231,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     store.reap_dead_runs()
     store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
                      spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
-                     git_sha=git_sha())
+                     git_sha=git_sha(), purpose=purpose)
     (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree
@@ -280,7 +281,7 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
         store.mark_failed_if_running(run_id, f"{reason} (last completed step {last})")
 
 
-def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool) -> dict:
+def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool | str) -> dict:
     """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
     apply_cuda_alloc_conf(spec)
     # what must be in place before the group exists, which train() finds already made: the timeout (a

@@ -104,9 +104,15 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
 def load_sweep(path: str, extra_sets: list[str] = ()) -> tuple[str, list[dict]]:
     """(name, items) of a sweep file; each item's spec resolved with the command line's ``--set`` (names,
     types and ranges), so a typo in item 7 stops the sweep now, not after six runs."""
-    name, items = expand(load_config_file(path), f"sweep file {path!r}")
+    return checked_sweep(load_config_file(path), f"sweep file {path!r}", extra_sets)
+
+
+def checked_sweep(data: dict, where: str, extra_sets: list[str] = ()) -> tuple[str, list[dict]]:
+    """(name, items) of a parsed sweep (a file's, or one run's from the command line), every item's
+    spec resolved with ``extra_sets``."""
+    name, items = expand(data, where)
     for item in items:
-        _item_spec(item, f"sweep file {path!r}", extra_sets)
+        _item_spec(item, where, extra_sets)
     return name, items
 
 

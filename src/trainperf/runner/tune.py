@@ -13,12 +13,14 @@ reason and the search goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+from trainperf.core.layout import degrees_name
 from trainperf.plan.search import Candidate
 
 
@@ -36,13 +38,29 @@ class Trial:
 @dataclass
 class TuneResult:
     trials: list[Trial] = field(default_factory=list)
+    budget_spent: bool = False  # the budget ended the search with layouts left to try
+
+    @property
+    def ran(self) -> list[Trial]:
+        """The trials that were started (not those the recalibrated planner ruled out)."""
+        return [t for t in self.trials if not (t.error or "").startswith("not tried")]
     winner: Candidate | None = None
     elapsed_s: float = 0.0
 
 
+def trial_name(cand: Candidate) -> str:
+    """A trial's name: its layout id and the layout it runs, e.g. 'P2 DP4·TP2·SP'."""
+    spec = getattr(cand, "spec", None)
+    if spec is None:  # a candidate known by its id alone
+        return f"{cand.id:>12s}"
+    extra = f" MBS{spec.train.micro_batch_size}" + (f" recompute={spec.train.recompute}"
+                                                     if spec.train.recompute != "none" else "")
+    return f"{cand.id:>12s} {degrees_name(dataclasses.asdict(spec.parallel)) + extra:<28s}"
+
+
 def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, out: str, extra: list[str]) -> list[str]:
     """A trial is a plain `trainperf run` of a few steps, no eval; the user's overrides come last."""
-    return [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json",
+    return [sys.executable, "-m", "trainperf", "run", workload, "--nproc-per-node", str(gpus), "--json", "--trial",
             "--db", db, "--out", out, "--set", f"train.max_steps={steps}", "--set", "train.log_every=1",
             "--set", "eval.every_samples=1000000000", *set_line.split(), *[x for s in extra for x in ("--set", s)]]
 
@@ -55,7 +73,7 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1))
     except subprocess.TimeoutExpired:
-        trial.error = f"timed out after {timeout_s:.0f} s"
+        trial.error = f"stopped: the tune budget ran out ({timeout_s:.0f} s were left for this trial)"
         trial.wall_s = time.perf_counter() - t0
         return trial
     trial.wall_s = time.perf_counter() - t0
@@ -93,16 +111,17 @@ def successive_halving(workload: str, gpus: int, candidates: list[Candidate], db
         for cand in alive:
             left = budget_s - (time.perf_counter() - t0)
             if left <= 0:
+                result.budget_spent = True
                 break
             if abandon_factor and ratios and recalibrated(cand, ratios) > abandon_factor * best:
                 trial = Trial(cand, steps, error=f"not tried: recalibrated prediction {recalibrated(cand, ratios):.4f} s/step "
                                                  f"> {abandon_factor:g} x best measured {best:.4f}")
                 result.trials.append(trial)
-                echo(f"{cand.id:>10s} {steps:3d} steps: {trial.error}")
+                echo(f"{trial_name(cand)} {steps:3d} steps: {trial.error}")
                 continue
             trial = run(workload, gpus, cand, steps, db, out, extra, left)
             result.trials.append(trial)
-            echo(f"{cand.id:>10s} {steps:3d} steps: " + (f"{trial.step_time_s:.4f} s/step (planned "
+            echo(f"{trial_name(cand)} {steps:3d} steps: " + (f"{trial.step_time_s:.4f} s/step (planned "
                  f"{cand.est.step_time_s:.4f})" if trial.step_time_s else f"dropped: {trial.error}"))
             if trial.step_time_s:
                 measured.append(trial)

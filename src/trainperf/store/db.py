@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from trainperf.core.results import RESULT_COLUMNS
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
 
 MIGRATIONS = {
@@ -133,7 +133,14 @@ MIGRATIONS = {
     ALTER TABLE sweep_items ADD COLUMN owner_pid_ns TEXT;
     ALTER TABLE sweep_items ADD COLUMN owner_pid INTEGER;
     """,
+    # v6: a run is a run or a tune trial (kept out of reports and scores unless asked for); the trials
+    # stored before v6 are recognised by the eval interval `trainperf tune` gives them (no eval at all)
+    6: """
+    ALTER TABLE runs ADD COLUMN purpose TEXT NOT NULL DEFAULT 'run' CHECK (purpose IN ('run', 'trial'));
+    UPDATE runs SET purpose = 'trial' WHERE spec_json LIKE '%"every_samples": 1000000000%';
+    """,
 }
+PURPOSES = ("run", "trial")
 
 # what finish_run may write: a RunSummary's result columns, and the store's own record of the end
 RUN_RESULT_FIELDS = (*RESULT_COLUMNS, "finished_at", "summary_path")
@@ -290,15 +297,15 @@ class Store:
     def create_run(self, run_id: str, workload: str, spec: dict, layout: str, world_size: int,
                    division: str, comparable: bool, target: float, out_dir: str,
                    hardware: dict | None = None, software: dict | None = None, git_sha: str | None = None,
-                   pid: int | None = None) -> None:
+                   pid: int | None = None, purpose: str = "run") -> None:
         with self.transaction() as c:
             c.execute(
                 """INSERT INTO runs (run_id, created_at, workload, status, division, comparable, spec_json, layout,
-                   world_size, hardware_json, software_json, git_sha, host, pid, pid_ns, target, out_dir)
-                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   world_size, hardware_json, software_json, git_sha, host, pid, pid_ns, target, out_dir, purpose)
+                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (run_id, time.time(), workload, division, int(comparable), json.dumps(spec, sort_keys=True), layout,
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
-                 pid if pid is not None else os.getpid(), pid_namespace(), target, out_dir),
+                 pid if pid is not None else os.getpid(), pid_namespace(), target, out_dir, purpose),
             )
 
     def update_run_info(self, run_id: str, **fields: Any) -> None:
@@ -461,11 +468,16 @@ class Store:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return dict(row) if row else None
 
-    def list_runs(self, workload: str | None = None, limit: int = 50) -> list[dict]:
-        q, args = "SELECT * FROM runs", []
+    def list_runs(self, workload: str | None = None, limit: int = 50, trials: bool = True) -> list[dict]:
+        """The newest runs, of one workload or all; ``trials=False`` leaves tune trials out."""
+        q, where, args = "SELECT * FROM runs", [], []
         if workload:
-            q += " WHERE workload = ?"
+            where.append("workload = ?")
             args.append(workload)
+        if not trials:
+            where.append("purpose = 'run'")
+        if where:
+            q += " WHERE " + " AND ".join(where)
         q += " ORDER BY created_at DESC LIMIT ?"
         args.append(limit)
         return [dict(r) for r in self.conn.execute(q, args).fetchall()]

@@ -6,23 +6,29 @@ from __future__ import annotations
 
 
 class MetricsServer:
-    def __init__(self, port: int, host: str, run_id: str, workload: str):
+    """Gauges in Prometheus base units (seconds, bytes, ratios), labelled with run id, workload and rank."""
+
+    def __init__(self, port: int, host: str, run_id: str, workload: str, rank: int = 0):
         self._server = None
         if not port:
             return
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
-        labels = {"run_id": run_id, "workload": workload}
+        labels = {"run_id": run_id, "workload": workload, "rank": str(rank)}
 
         def gauge(name: str, doc: str):
             return Gauge(f"trainperf_{name}", doc, list(labels), registry=self.registry).labels(**labels)
 
         self.step = gauge("step", "last completed optimizer step")
+        self.samples = gauge("samples", "training samples consumed up to the last completed step")
         self.step_time = gauge("step_time_seconds", "wall time of the last step")
         self.tokens = gauge("tokens_per_second_per_gpu", "tokens per second per GPU in the last step")
-        self.mfu = gauge("mfu", "model FLOPs utilisation of the last step (0..1; absent on CPU)")
-        self.memory = gauge("peak_memory_gib", "peak memory allocated so far on rank 0")
+        self.mfu = gauge("mfu_ratio", "model FLOPs utilisation of the last step (0..1; absent on CPU)")
+        self.memory = gauge("peak_memory_bytes", "peak memory allocated so far on this rank")
+        self.eval_loss = gauge("eval_loss", "loss of the last eval")
+        self.eval_target = gauge("eval_target_loss", "the eval loss the run must reach")
+        self.eval_samples = gauge("eval_samples", "training samples at the last eval")
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
 
     @property
@@ -34,15 +40,24 @@ class MetricsServer:
         return self._server.server_port if self._server else None
 
     def update(self, step: int, step_time_s: float, tokens_per_s_per_gpu: float, mfu: float | None,
-               peak_mem_gib: float) -> None:
+               peak_mem_gib: float, samples: int | None = None) -> None:
         if self._server is None:
             return
         self.step.set(step)
+        if samples is not None:
+            self.samples.set(samples)
         self.step_time.set(step_time_s)
         self.tokens.set(tokens_per_s_per_gpu)
         if mfu is not None:
             self.mfu.set(mfu)
-        self.memory.set(peak_mem_gib)
+        self.memory.set(peak_mem_gib * 2**30)
+
+    def update_eval(self, samples: int, loss: float, target: float) -> None:
+        if self._server is None:
+            return
+        self.eval_samples.set(samples)
+        self.eval_loss.set(loss)
+        self.eval_target.set(target)
 
     def close(self) -> None:
         if self._server is not None:

@@ -44,6 +44,7 @@ from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
 from trainperf.mlperf.log import KEYS, RunLog
 from trainperf.mlperf.recipes import hyperparameter_events
+from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
 from trainperf.parallel.parallelize import build_mesh
@@ -51,6 +52,7 @@ from trainperf.store.db import Store
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
+from trainperf.train.progress import RunProgress, expected_samples, progress_mode
 
 ProfilerFactory = Callable[[RunSpec, Path, int, str, object], object]
 MetricsServerFactory = Callable[[int, str, str, str], MetricsServer]
@@ -84,13 +86,16 @@ class RunContext:
     run_id: str
     out_dir: Path
     db_path: str | None
-    progress: bool = False
+    progress: bool | str = False  # 'bar' (a terminal), 'lines' (a log file or pipe) or 'off'; True is 'bar'
     create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
     last_step: int = 0  # the last optimizer step every rank completed (for a hung run's record)
     hooks: RunHooks = field(default_factory=RunHooks)  # what the caller lends: prediction, profiler, live metrics
     metrics: MetricsServer | None = None  # the live-metrics server while the run trains
     evals: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
+
+
+THROUGHPUT_PROBE = "throughput probe"  # how a run without an eval says what it was (the CLI prints it as such)
 
 
 class RunInterrupted(RuntimeError):
@@ -219,39 +224,6 @@ def _peak_mem_gib(device_type: str) -> float:
     return kib / 2**20
 
 
-class _Progress:
-    def __init__(self, enabled: bool, total: int, desc: str):
-        self.bar = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            self.task = self.bar.add_task(desc, total=total, info="")
-            self.bar.start()
-
-    def update(self, step: int, info: str) -> None:
-        if self.bar:
-            self.bar.update(self.task, completed=step, info=info)
-
-    def loader(self, total: int):
-        """A per-tensor callback advancing a 'load checkpoint' line (None when there is no bar)."""
-        if not self.bar or not total:
-            return None
-        task = self.bar.add_task("load checkpoint", total=total, info="untimed")
-        return lambda name: self.bar.advance(task)
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.stop()
-
-
 def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
     """Run one training job on this rank. Returns the run summary (identical on every rank)."""
     device_type = pick_device(spec)
@@ -276,7 +248,8 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
 
     signal.signal(signal.SIGTERM, on_signal)
 
-    progress = _Progress(ctx.progress and is_main, spec.train.max_steps, spec.workload)
+    mode = progress_mode(ctx.progress) if is_main else "off"  # rank 0 alone speaks
+    progress = RunProgress(mode, spec, expected_samples(spec, rcp_reference_samples if mode != "off" else None))
     try:
         summary = _Run(spec, ctx, log, progress, device, device_type, rank, world, hw).execute()
         summary.predicted = predicted
@@ -357,7 +330,7 @@ class _Run:
     data, the step loop (train step, evaluation, stop decision), close the log, gather the memory
     peaks and exports, and the summary."""
 
-    def __init__(self, spec: RunSpec, ctx: RunContext, log: RunLog, progress: _Progress, device, device_type: str,
+    def __init__(self, spec: RunSpec, ctx: RunContext, log: RunLog, progress: RunProgress, device, device_type: str,
                  rank: int, world: int, hw: dict):
         self.spec, self.ctx, self.log, self.progress = spec, ctx, log, progress
         self.device, self.device_type, self.rank, self.world, self.hw = device, device_type, rank, world, hw
@@ -415,6 +388,7 @@ class _Run:
         dist.barrier()
         self.log.start(KEYS.RUN_START)
         self.run_start = time.perf_counter()
+        self.progress.start_clock()
         self.train_split = load_any(d.path, "train", d.seq_len)
         val_split = load_any(d.path, "validation", d.seq_len)
         if d.eval_samples and d.eval_samples < len(val_split):  # e.g. llama31_8b: the first 1024 sequences
@@ -488,7 +462,7 @@ class _Run:
                 last = self.clock.time_of(step - 1)
                 tps_gpu = per_gpu(self.tokens_per_step / last, self.world)
                 server.update(step - 1, last, tps_gpu, metrics.mfu(self.flops_per_token, tps_gpu, self.peak),
-                              _peak_mem_gib(self.device_type))
+                              _peak_mem_gib(self.device_type), samples=(step - 1) * t.global_batch_size)
 
     def _emit(self, rec: dict) -> None:
         step_time = self.clock.time_of(rec["step"])
@@ -497,7 +471,7 @@ class _Run:
                                "grad_norm": rec["grad_norm"], "step_time_s": step_time,
                                "tokens_per_s": self.tokens_per_step / step_time})
         self.log.event("train_loss", loss_val, samples_count=rec["samples"], lr=rec["lr"])
-        self.progress.update(rec["step"], f"loss {loss_val:.3f}")
+        self.progress.step(rec["step"], rec["samples"], loss_val, self.tokens_per_step / step_time)
 
     def evaluate_and_decide(self, step: int, samples: int, outcome: _Outcome) -> bool:
         """An eval between two blocks, and the stop decision: True when the run stops here (the target
@@ -518,7 +492,9 @@ class _Run:
         outcome.final_eval = eval_loss
         self.ctx.evals.append({"samples_count": samples, "step": step, "eval_loss": eval_loss,
                                "elapsed_s": time.perf_counter() - self.run_start})
-        self.progress.update(step, f"eval {eval_loss:.4f} (target {e.target:.4f})")
+        self.progress.eval(step, samples, eval_loss, e.target)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.update_eval(samples, eval_loss, e.target)
         if eval_loss <= e.target:
             outcome.status, outcome.samples_to_target = "success", samples
             outcome.stop_time = time.perf_counter()
@@ -534,9 +510,12 @@ class _Run:
         t, e = self.spec.train, self.spec.eval
         outcome.stop_time = time.perf_counter()
         last = outcome.final_eval
+        if not outcome.reason and outcome.evals_done == 0:  # a throughput probe: steps measured, no eval asked for
+            outcome.reason = (f"{THROUGHPUT_PROBE}: {t.max_steps} steps measured, no eval within them, so no time "
+                              "to train")
         outcome.reason = outcome.reason or (
             f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
-            f"({outcome.evals_done} evals, last {last if last is None else round(last, 4)})")
+            f"({outcome.evals_done} evals, the last at {last:.4f})")
         samples = outcome.last_step * t.global_batch_size
         self.log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=samples / len(self.train_split))
         self.log.end(KEYS.RUN_STOP, last, samples_count=samples, status="aborted")

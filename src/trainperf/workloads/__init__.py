@@ -7,9 +7,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 from trainperf.core.errors import SpecError
-from trainperf.core.spec import RunSpec
+from trainperf.core.spec import RunSpec, did_you_mean
 from trainperf.mlperf import recipes as mlperf
-from trainperf.workloads import mini
+
+
+def _from_mini(name: str) -> Callable:
+    """A function of workloads/mini.py, imported on its first call: mini.py loads torch, which `plan` of
+    an MLPerf workload, `workloads` and `--help` do not need."""
+
+    def call(*args):
+        from trainperf.workloads import mini  # torch loads with it, only when a mini workload is used
+
+        return getattr(mini, name)(*args)
+
+    call.__name__ = name
+    return call
 
 
 @dataclass(frozen=True)
@@ -26,26 +38,27 @@ WORKLOADS: dict[str, Workload] = {
         Workload("llama2_70b_lora",
                  "MLPerf Llama 2 70B LoRA, closed-division recipe: model.path=HF checkpoint (fused or unfused qkv), "
                  "data.path=GovReport parquet/npy; eval loss <= 0.925. Open division: shrunken or random-weight runs",
-                 mlperf.llama2_70b_lora_defaults, mini.prepare_mlperf_lora),
+                 mlperf.llama2_70b_lora_defaults, _from_mini("prepare_mlperf_lora")),
         Workload("llama31_8b",
                  "MLPerf Llama 3.1 8B pretraining from scratch, closed-division recipe: data.path=pretok dir "
                  "(see `trainperf data convert`); log perplexity <= 3.3 on the first 1024 validation sequences",
-                 mlperf.llama31_8b_defaults, mini.prepare_mlperf_pretrain),
+                 mlperf.llama31_8b_defaults, _from_mini("prepare_mlperf_pretrain")),
         Workload("mini-pretrain",
                  "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
-                 mini.mini_pretrain_defaults, mini.prepare_mini_pretrain),
+                 _from_mini("mini_pretrain_defaults"), _from_mini("prepare_mini_pretrain")),
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
-                 mini.mini_lora_defaults, mini.prepare_mini_lora),
+                 _from_mini("mini_lora_defaults"), _from_mini("prepare_mini_lora")),
         Workload("synthetic-lora",
                  "Throughput probe: LoRA r16 on a random-weight Llama (Llama-2-7B shape, seq 8192 by default), random "
                  "tokens, no reachable target (ends as failed); for tokens/s, MFU and memory per layout",
-                 mini.synthetic_lora_defaults, mini.prepare_synthetic),
+                 _from_mini("synthetic_lora_defaults"), _from_mini("prepare_synthetic")),
     )
 }
 
 
 def get_workload(name: str) -> Workload:
     if name not in WORKLOADS:
-        raise SpecError(f"unknown workload {name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}")
+        raise SpecError(f"unknown workload {name!r}{did_you_mean(name, WORKLOADS)}; valid workloads: "
+                        f"{', '.join(sorted(WORKLOADS))}")
     return WORKLOADS[name]

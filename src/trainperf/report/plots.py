@@ -1,0 +1,120 @@
+"""The report's charts (matplotlib, Agg), each returned as a PNG data URI or None when there is
+nothing to draw. Published MLPerf points share axes only with comparable runs of the same benchmark
+on the same GPU model: a toy workload is never drawn beside a 70B result."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+from trainperf.report.scaling import ScalingRow
+
+LOSS_CURVES_PER_PLOT = 6
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _plt().close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def time_to_train_png(workload: str, rows: list[ScalingRow], published: list[tuple], published_label: str) -> str | None:
+    """Minutes to train against GPUs: the best row per GPU count, ideal scaling from the fewest GPUs
+    (dotted), and the published points given (already filtered to this benchmark and GPU model)."""
+    best: dict[int, ScalingRow] = {}
+    for r in rows:
+        if r.time_to_train_s and (r.gpus not in best or r.time_to_train_s < best[r.gpus].time_to_train_s):
+            best[r.gpus] = r
+    if not best:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    n = sorted(best)
+    t = [best[g].time_to_train_s / 60 for g in n]
+    ax.plot(n, t, "o-", label=f"{workload} (best layout per GPU count)")
+    for g, m in zip(n, t):
+        ax.annotate(best[g].layout, (g, m), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    if len(n) > 1:
+        ax.plot(n, [t[0] * n[0] / g for g in n], ":", color="grey", label="ideal scaling")
+    if published:
+        ax.scatter([p[4] for p in published], [p[6] for p in published], marker="x", color="black",
+                   label=published_label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("time to train (minutes)")
+    ax.set_title(f"{workload}: time to train vs GPUs")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def eval_curves_png(workload: str, runs: list[dict], evals_by_run: dict[str, list[dict]], target: float | None) -> str | None:
+    """Eval loss against samples of the newest runs of a workload, with the target as a line."""
+    curves = [r for r in runs if evals_by_run.get(r["run_id"])][:LOSS_CURVES_PER_PLOT]
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for r in curves:
+        ev = evals_by_run[r["run_id"]]
+        ax.plot([e["samples_count"] for e in ev], [e["eval_loss"] for e in ev], "o-", markersize=3,
+                label=f"{r['run_id'][-6:]} {r['world_size']} GPUs ({r['status']})")
+    if target is not None:
+        ax.axhline(target, color="red", linestyle="--", linewidth=1, label=f"target {target:.4f}")
+    ax.set_xlabel("samples")
+    ax.set_ylabel("eval loss")
+    ax.set_title(f"{workload}: eval loss vs samples")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def predicted_vs_measured_png(pairs: list[tuple[float, float, str]]) -> str | None:
+    """Measured against predicted step time (log-log), one point per run, the diagonal for 'exact'."""
+    if not pairs:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for workload in sorted({w for _, _, w in pairs}):
+        pts = [(p, m) for p, m, w in pairs if w == workload]
+        ax.scatter([p for p, _ in pts], [m for _, m in pts], s=14, label=workload)
+    lo = min(min(p, m) for p, m, _ in pairs) * 0.8
+    hi = max(max(p, m) for p, m, _ in pairs) * 1.25
+    ax.plot([lo, hi], [lo, hi], ":", color="grey", label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted step time (s)")
+    ax.set_ylabel("measured step time (s)")
+    ax.set_title("planner: predicted vs measured")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def step_breakdown_png(traced: list[dict]) -> str | None:
+    """Compute, exposed communication and idle per step of the runs `trainperf trace` analysed."""
+    if not traced:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(11, 0.6 * len(traced) + 1.5))
+    labels = [f"{t['workload']} {t['layout']} ({t['run_id'][-6:]}, {t['overlap_pct']:.0f}% of comm overlapped)"
+              for t in traced]
+    left = [0.0] * len(traced)
+    # compute + exposed communication + idle = the step (overlapped communication hides under compute)
+    for key, label, color in (("compute_s", "compute", "tab:blue"), ("exposed_comm_s", "communication, exposed", "tab:red"),
+                              ("idle_s", "idle", "lightgrey")):
+        widths = [1e3 * t[key] for t in traced]
+        ax.barh(labels, widths, left=left, label=label, color=color)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_xlabel("ms per step (mean over ranks, from `trainperf trace`)")
+    ax.set_title("Where the step time goes")
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(fig)

@@ -1,0 +1,155 @@
+"""The operators' scaling table: one row per (workload, GPU count, layout, GBS, MBS), never a pool of
+different layouts, with speedup and efficiency against the smallest comparable row and the anomalies
+a reader should not take at face value.
+
+A row's time to train is the olympic mean of its successful runs (the fastest and the slowest
+dropped) when it has at least ``OLYMPIC_MIN_RUNS``, else their mean; throughput, TFLOP/s and MFU
+are the median over its runs that measured steps (throughput probes end failed and still count).
+Rows are comparable when they train the same workload at the same global batch size; the base is
+the fastest of those at the fewest GPUs. Speedup compares times to train when both rows have one,
+else throughput (samples/s of the whole job), and says which.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from trainperf.core.layout import degrees_name
+
+OLYMPIC_MIN_RUNS = 3
+SPREAD_WARN = 0.15  # times to train of one row further apart than this are flagged
+PLANNER_WARN = 0.25  # a measured step time this far from the planner's prediction is flagged
+SUPERLINEAR = 1.05  # efficiency above this: suspect the baseline (a cold cache, another layout)
+POOR_SCALING = 0.5
+
+
+@dataclass
+class ScalingRow:
+    workload: str
+    gpus: int
+    layout: str  # full degrees, e.g. DP2·TP4·CP2·SP
+    gbs: int | None
+    mbs: int | None
+    runs: int  # finished runs of this row
+    succeeded: int
+    time_to_train_s: float | None
+    time_basis: str  # 'olympic mean of 5', 'mean of 2', '1 run', '' without a time
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu: float | None
+    mfu: float | None
+    step_time_s: float | None
+    predicted_step_time_s: float | None
+    run_ids: list[str] = field(default_factory=list)
+    speedup: float | None = None
+    efficiency: float | None = None
+    speedup_basis: str = ""  # 'time to train' or 'throughput'
+    anomalies: list[str] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if not self.step_time_s or not self.gbs:
+            return None
+        return self.gbs / self.step_time_s
+
+
+def full_layout(spec: dict) -> str:
+    """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4)."""
+    return degrees_name(spec.get("parallel", {}))
+
+
+def _spec(run: dict) -> dict:
+    try:
+        return json.loads(run.get("spec_json") or "{}")
+    except ValueError:
+        return {}
+
+
+def row_key(run: dict) -> tuple:
+    spec = _spec(run)
+    t = spec.get("train", {})
+    return run["workload"], run["world_size"], full_layout(spec), t.get("global_batch_size"), t.get("micro_batch_size")
+
+
+def olympic_time(times: list[float]) -> tuple[float | None, str]:
+    """(time, how it was formed) of a row's successful runs' times to train."""
+    if not times:
+        return None, ""
+    if len(times) >= OLYMPIC_MIN_RUNS:
+        kept = sorted(times)[1:-1]
+        return sum(kept) / len(kept), f"olympic mean of {len(times)}"
+    return sum(times) / len(times), "1 run" if len(times) == 1 else f"mean of {len(times)}"
+
+
+def _median(values: list) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _row(key: tuple, members: list[dict]) -> ScalingRow:
+    workload, gpus, layout, gbs, mbs = key
+    ok = [r for r in members if r["status"] == "success" and r.get("time_to_train_s") is not None]
+    time_s, basis = olympic_time([r["time_to_train_s"] for r in ok])
+    row = ScalingRow(workload, gpus, layout, gbs, mbs, len(members), len(ok), time_s, basis,
+                     _median([r.get("tokens_per_s_per_gpu") for r in members]),
+                     _median([r.get("model_tflops_per_gpu") for r in members]), _median([r.get("mfu") for r in members]),
+                     _median([r.get("step_time_s") for r in members]),
+                     _median([r.get("predicted_step_time_s") for r in members]),
+                     run_ids=[r["run_id"] for r in members])
+    times = [r["time_to_train_s"] for r in ok]
+    if len(times) > 1 and max(times) / min(times) - 1 > SPREAD_WARN:
+        row.anomalies.append(f"times to train differ by {100 * (max(times) / min(times) - 1):.0f}%")
+    failed = len(members) - len(ok)
+    if ok and failed:
+        row.anomalies.append(f"{failed} of {len(members)} runs did not reach the target")
+    if row.step_time_s and row.predicted_step_time_s:
+        err = row.predicted_step_time_s / row.step_time_s - 1
+        if abs(err) > PLANNER_WARN:
+            row.anomalies.append(f"planner predicted a step {100 * err:+.0f}% off")
+    if row.mfu is not None and row.mfu > 1:
+        row.anomalies.append("MFU above 100%: check the GPU's peak")
+    return row
+
+
+def _add_speedup(rows: list[ScalingRow]) -> None:
+    """Speedup and efficiency of each row against the fastest row at the fewest GPUs of its group."""
+    groups: dict[tuple, list[ScalingRow]] = defaultdict(list)
+    for r in rows:
+        groups[(r.workload, r.gbs)].append(r)
+    for members in groups.values():
+        fewest = min(r.gpus for r in members)
+        if all(r.gpus == fewest for r in members):
+            continue  # one GPU count: nothing to scale against
+        smallest = [r for r in members if r.gpus == fewest]
+        timed = [r for r in smallest if r.time_to_train_s]
+        for r in members:
+            if r.time_to_train_s and timed:
+                base = min(timed, key=lambda b: b.time_to_train_s)
+                r.speedup, r.speedup_basis = base.time_to_train_s / r.time_to_train_s, "time to train"
+            else:
+                fast = [b for b in smallest if b.samples_per_s]
+                if not r.samples_per_s or not fast:
+                    continue
+                base = max(fast, key=lambda b: b.samples_per_s)
+                r.speedup, r.speedup_basis = r.samples_per_s / base.samples_per_s, "throughput"
+            r.efficiency = r.speedup / (r.gpus / base.gpus)
+            if r.gpus > base.gpus and r.efficiency > SUPERLINEAR:
+                r.anomalies.append(f"superlinear ({100 * r.efficiency:.0f}%): check the {base.gpus}-GPU baseline "
+                                   f"({base.layout})")
+            elif r.gpus > base.gpus and r.efficiency < POOR_SCALING:
+                r.anomalies.append(f"poor scaling ({100 * r.efficiency:.0f}% efficient)")
+
+
+def scaling_table(runs: list[dict]) -> list[ScalingRow]:
+    """The scaling rows of finished runs (running and hung ones are left out), sorted by workload,
+    GPUs, layout, GBS."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        if r["status"] in ("success", "failed") and (r.get("time_to_train_s") is not None or r.get("step_time_s")):
+            groups[row_key(r)].append(r)
+    rows = [_row(k, v) for k, v in groups.items()]
+    rows.sort(key=lambda r: (r.workload, r.gbs or 0, r.gpus, r.layout, r.mbs or 0))
+    _add_speedup(rows)
+    return rows
