@@ -4,7 +4,8 @@
 #                    started; the few marked slow, which compile graphs, are left to make test)
 #   make test        everything that leaves the host as it is: unit + integration (CLI subprocesses, torchrun,
 #                    multi-process gloo) + gpu (skipped without CUDA); two pytest workers (pytest-xdist): many
-#                    integration tests wait on timeouts and signals, so two keep 2 cores busier
+#                    integration tests wait on timeouts and signals, so two keep 2 cores busier; longest
+#                    first (tests/durations.json), an idle worker takes half of the other's queue (worksteal)
 #   make test-slurm  the real-Slurm tier: installs slurm-wlm and munge, writes /etc/slurm and starts the daemons
 #                    (root; for a machine that may be changed, such as CI's)
 #
@@ -49,7 +50,7 @@ check: $(STAMP_TEST)
 	$(PY) -m pytest -q -ra -m "not slow" tests/unit
 
 test: $(STAMP_TEST)
-	$(PY) -m pytest -q -ra --durations=15 -n 2 -m "not slurm" tests
+	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist worksteal -m "not slurm" tests
 
 test-slurm: $(STAMP_TEST)
 	TRAINPERF_TEST_SLURM=1 $(PY) -m pytest -q -ra -m slurm tests/slurm

@@ -6,8 +6,14 @@ Tiers (one directory each): ``unit`` starts no process; ``integration`` starts p
 fresh interpreter, torchrun, multi-process gloo) and is marked ``integration`` here; ``gpu`` is marked
 ``gpu`` and skipped where no CUDA device is visible; ``slurm`` installs and starts a real Slurm cluster
 (it changes the host) and is skipped unless selected with ``-m slurm`` or ``TRAINPERF_TEST_SLURM=1``.
-Helpers shared between tiers live in ``tests/fixtures``."""
+Helpers shared between tiers live in ``tests/fixtures``.
 
+Order: modules run longest test first, as ``tests/durations.json`` last measured them (``pytest
+--record-durations`` rewrites it), so that with two workers the long multi-process tests start early
+and the many short unit tests fill the end; a module's tests stay together, so module fixtures are
+built once per worker."""
+
+import json
 import os
 import socket
 from pathlib import Path
@@ -22,6 +28,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytest_plugins = ["tests.fixtures.store"]  # its `db` fixture
 
 TIER_MARKERS = {"integration": "integration", "gpu": "gpu", "slurm": "slurm"}
+DURATIONS = TESTS / "durations.json"
+UNMEASURED_S = {"integration": 5.0, "gpu": 1.0, "slurm": 1.0}  # a test not in durations.json; unit: 0.05
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help="write each test's call time to tests/durations.json (the next runs start the longest first)")
 
 
 def _tier(item) -> str | None:
@@ -43,6 +56,7 @@ def pytest_collection_modifyitems(config, items):
         marker = TIER_MARKERS.get(_tier(item) or "")
         if marker and item.get_closest_marker(marker) is None:
             item.add_marker(getattr(pytest.mark, marker))
+    _longest_first(items)
     if not _slurm_selected(config):
         skip = pytest.mark.skip(reason="changes the host (installs and starts Slurm): run with -m slurm "
                                        "or TRAINPERF_TEST_SLURM=1 (make test-slurm)")
@@ -57,6 +71,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def _longest_first(items) -> None:
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+    def seconds(item) -> float:
+        return known.get(item.nodeid, UNMEASURED_S.get(_tier(item) or "", 0.05))
+
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(str(item.path), []).append(item)
+    groups = [sorted(group, key=seconds, reverse=True) for group in modules.values()]
+    groups.sort(key=lambda group: seconds(group[0]), reverse=True)
+    items[:] = [item for group in groups for item in group]
+
+
+_MEASURED: dict[str, float] = {}
+_RECORD: list[bool] = [False]
+
+
+def pytest_configure(config):
+    _RECORD[0] = bool(config.getoption("record_durations"))
+
+
+def pytest_runtest_logreport(report):  # with xdist, the controller sees every worker's reports here
+    if report.when == "call" and _RECORD[0]:
+        _MEASURED[report.nodeid] = round(report.duration, 2)
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("record_durations") and _MEASURED and not hasattr(session.config, "workerinput"):
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        known.update(_MEASURED)
+        DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
 
 
 @pytest.fixture

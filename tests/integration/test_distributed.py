@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import cli as warm
 from tests.fixtures.cli import trainperf_cmd
 
 pytestmark = pytest.mark.slow
@@ -29,8 +30,7 @@ THREE_STEPS = ["--set", "train.max_steps=3", "--set", "train.log_every=1", "--se
 
 
 def run_cli(tmp: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(trainperf_cmd(*args, "--db", str(tmp / "t.db"), "--out", str(tmp / "runs")),
-                          cwd=tmp, capture_output=True, text=True, timeout=timeout)
+    return warm.run_cli(*args, "--db", str(tmp / "t.db"), "--out", str(tmp / "runs"), cwd=tmp, timeout=timeout)
 
 
 def step_losses(db: Path, run_id: str) -> list[float]:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.cli import trainperf_cmd
+from tests.fixtures.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -47,10 +46,8 @@ def _sets(overrides: list[str]) -> list[str]:
 
 
 def run_three_steps(tmp: Path, workload: str, nproc: int, overrides: list[str]) -> dict:
-    out = subprocess.run(
-        trainperf_cmd("run", workload, "--nproc-per-node", str(nproc), "--json", *COMMON, *WORKLOAD_SETS[workload],
-                      *_sets(overrides), "--db", str(tmp / "t.db"), "--out", str(tmp / "runs")),
-        cwd=tmp, capture_output=True, text=True, timeout=400)
+    out = run_cli("run", workload, "--nproc-per-node", str(nproc), "--json", *COMMON, *WORKLOAD_SETS[workload],
+                  *_sets(overrides), "--db", str(tmp / "t.db"), "--out", str(tmp / "runs"), cwd=tmp, timeout=400)
     assert out.returncode == 1, out.stderr[-4000:]  # 3 steps never reach the target: a failed run
     summary = json.loads(out.stdout)
     # ... failed for that reason, not a crash after the losses were stored (e.g. in the final export)
@@ -130,11 +127,9 @@ def test_interleaved_1f1b(tmp_path, references):
 
 
 def test_mini_lora_reaches_target_with_tp2(tmp_path):
-    out = subprocess.run(
-        trainperf_cmd("run", "mini-lora", "--nproc-per-node", "2", "--json", "--set", "hardware.device=cpu",
-                      "--set", "parallel.tp=2", "--set", "parallel.sp=true", "--set", "parallel.dp_shard=1",
-                      "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")),
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run_cli("run", "mini-lora", "--nproc-per-node", "2", "--json", "--set", "hardware.device=cpu",
+                  "--set", "parallel.tp=2", "--set", "parallel.sp=true", "--set", "parallel.dp_shard=1",
+                  "--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs"), cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     s = json.loads(out.stdout)
     assert s["status"] == "success" and s["final_eval_loss"] <= s["target"]
