@@ -36,27 +36,30 @@ def _interactive() -> bool:
 
 
 def _print_summary(summary: dict) -> None:
+    """The closing lines of a run, whatever way it ended (a summary of an abnormal end has few keys)."""
     from rich.console import Console
 
     c = Console(stderr=False)
-    ok = summary["status"] == "success"
-    head = "[green]reached target[/green]" if ok else "[red]FAILED[/red]"
-    c.print(f"{head} {summary['workload']} run {summary['run_id']}")
-    if ok:
-        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
-                f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
-    else:
-        c.print(f"  {summary.get('status_reason')}")
-    if summary.get("tokens_per_s"):
+    ok = summary.get("status") == "success"
+    head = "[green]reached target[/green]" if ok else f"[red]{str(summary.get('status') or 'failed').upper()}[/red]"
+    c.print(f"{head} {summary.get('workload', '')} run {summary.get('run_id')}")
+    if ok and summary.get("time_to_train_s") is not None:
+        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary.get('samples_to_target')} samples, "
+                f"eval loss {summary.get('final_eval_loss') or float('nan'):.4f} <= target "
+                f"{summary.get('target') or float('nan'):.4f})")
+    elif not ok:
+        c.print(f"  {summary.get('status_reason') or 'the run ended without a reason recorded'}")
+    if summary.get("tokens_per_s") and summary.get("tokens_per_s_per_gpu") and summary.get("model_tflops_per_gpu"):
         mfu = summary.get("mfu")
         c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
                 f"process), {summary['model_tflops_per_gpu']:.3f} model TFLOP/s per process, MFU "
                 + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a (no peak FLOP/s known for this device)"))
+    if summary.get("peak_mem_gib") is not None:
         c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
     if summary.get("layout"):
         where = ", ".join(f"{k} {v}" for k, v in (summary.get("placement") or {}).items())
         c.print(f"  layout         {summary['layout']} on {summary.get('world_size')} processes" + (f" ({where})" if where else ""))
-    c.print(f"  mllog          {summary['mllog']}")
+    c.print(f"  mllog          {summary.get('mllog')}")
 
 
 def _apply_plan(args, workload: str) -> None:

@@ -11,6 +11,7 @@ import secrets
 import socket
 import subprocess
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from trainperf.core.errors import SpecError
 from trainperf.core.flops import lora_params, total_params
 from trainperf.core.layout import layout_string
+from trainperf.core.processes import process_start_time
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
@@ -242,27 +244,44 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
                     dist.destroy_process_group()
         else:
             (run_dir / "launch.json").write_text(json.dumps(
-                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress}))
+                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress,
+                 "launcher_pid": os.getpid(), "launcher_started": process_start_time(os.getpid())}))
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
-            returncode = run_torchrun(cmd, env)
+            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid))
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
         store.mark_failed_if_running(run_id, f"interrupted: {exc}")
-    except BaseException as exc:
-        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
-        raise
+    except KeyboardInterrupt:  # SIGINT to a one-process run
+        store.mark_failed_if_running(run_id, "interrupted: received SIGINT")
+    except Exception as exc:  # a failed run, reported as one; the traceback is kept with the run
+        (run_dir / "launcher_error.txt").write_text(traceback.format_exc())
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {first} (traceback: "
+                                             f"{run_dir / 'launcher_error.txt'})")
     finally:
         store.mark_failed_if_running(run_id, "the run ended without recording a result")
         store.close()
     summary_file = run_dir / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
-    row = Store(db_path).get_run(run_id) or {}
-    return {"run_id": run_id, "status": row.get("status", "failed"), "status_reason": row.get("status_reason"),
+    return abnormal_end_summary(spec, run_id, run_dir, db_path)
+
+
+def abnormal_end_summary(spec: RunSpec, run_id: str, run_dir: Path, db_path: str) -> dict:
+    """The summary of a run that wrote none (killed, interrupted, a rank died): what the store says of it,
+    with every key a summary printer reads."""
+    store = Store(db_path)
+    try:
+        row = store.get_run(run_id) or {}
+    finally:
+        store.close()
+    return {"run_id": run_id, "workload": spec.workload, "status": row.get("status", "failed"),
+            "status_reason": row.get("status_reason") or "the run ended without recording a result",
+            "target": spec.eval.target, "layout": layout_string(spec.parallel), "world_size": row.get("world_size"),
             "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
             "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
 

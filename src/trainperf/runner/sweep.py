@@ -175,7 +175,9 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
         row = store.claim_sweep_item(sweep_id, item["item_id"], take_over=take_over)
         if row is None:
             holder = store.sweep_item_holder(sweep_id, item["item_id"])
-            if holder:  # finished items are skipped silently: a sweep is idempotent
+            if holder and holder.startswith("its previous run"):  # never two runs of one item at once
+                echo(f"skipped {_item_label(item)}: {holder}; it runs when they have ended")
+            elif holder:  # finished items are skipped silently: a sweep is idempotent
                 echo(f"skipped {_item_label(item)}: running in {holder} (if that sweep is gone, --take-over runs it)")
             continue
         if problems[item["item_id"]]:
@@ -188,7 +190,8 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
             cmd += ["--set", s]
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
             try:
-                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr)
+                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
+                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)))
             except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
                 store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
                                      f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")
