@@ -256,7 +256,8 @@ class Store:
             return  # a new store
         problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(3)").fetchall()]
         if problems != ["ok"]:
-            raise sqlite3.DatabaseError(f"it is damaged: {'; '.join(problems)[:200]}")
+            found = " ".join("; ".join(problems).split())  # SQLite's report spans lines: one line here
+            raise sqlite3.DatabaseError(f"it is damaged: {found[:160]}")
 
     def _switch_to_wal(self) -> None:
         """Put the file in WAL mode once; it stays so.
@@ -301,6 +302,24 @@ class Store:
                     if stmt.strip():
                         c.execute(stmt)
                 c.execute(f"PRAGMA user_version = {v}")
+
+    def check_cell_types(self, tables: tuple[str, ...] = ("runs", "evals", "steps")) -> None:
+        """StoreError naming the first table and column holding a cell of another type than the column's
+        (SQLite stores what it is given: a text in a REAL column, written by another tool, would break
+        whatever formats it)."""
+        allowed = {"REAL": ("real", "integer", "null"), "INTEGER": ("integer", "null"), "TEXT": ("text", "null")}
+        for table in tables:
+            columns = [(r["name"], r["type"].upper()) for r in self.conn.execute(f"PRAGMA table_info({table})")]
+            checked = [(name, allowed[kind]) for name, kind in columns if kind in allowed]
+            counts = self.conn.execute("SELECT " + ", ".join(
+                f"SUM(typeof({name}) NOT IN ({', '.join(repr(t) for t in ok)}))" for name, ok in checked)
+                + f" FROM {table}").fetchone()
+            for (name, ok), bad in zip(checked, counts):
+                if bad:
+                    kind = dict(columns)[name]
+                    raise StoreError(f"results store {str(self.path)!r}: {bad} cell(s) of {table}.{name} are not "
+                                     f"{kind} values; the store was changed by something other than trainperf -- "
+                                     "fix or remove those rows, or give another --db")
 
     @property
     def schema_version(self) -> int:
