@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import add_common, add_out
+from trainperf.cli.paths import check_out_folder
 from trainperf.core.results import RUN_JSON_KEYS
 
 HELP = "train a workload to its quality target (MLPerf clock, log, store)"
@@ -67,6 +68,9 @@ def _apply_plan(args, workload: str) -> None:
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import Store
 
+    if not Path(args.db).exists():  # no store holds no plan; asking must not create one
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r}: no results store at {args.db!r}, so no "
+                        "plans (see `trainperf plan`)")
     store = Store(args.db)
     row = store.get_plan(args.layout_from_plan)
     store.close()
@@ -105,8 +109,7 @@ def run(args, workload: str | None = None) -> int:
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
         check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise SpecError(f"--out {args.out!r} is a file; give a folder for the runs' artefacts")
+        check_out_folder(args.out)
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _info = local.prepare(workload, args.config, args.overrides, world)

@@ -229,6 +229,7 @@ class Store:
                     raise StoreError(f"results store {str(self.path)!r} is read-only here ({str(where)!r} is not "
                                      "writable); copy it to a folder you can write and give that as --db")
                 self.writable = False
+        existed = self.path.exists()
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
@@ -243,6 +244,9 @@ class Store:
         except sqlite3.DatabaseError as exc:
             if getattr(self, "conn", None) is not None:
                 self.conn.close()
+            if not existed:  # a store that could not be made (a full disk) leaves no file behind
+                for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                    leftover.unlink(missing_ok=True)
             if "readonly" in str(exc).replace("-", "").replace(" ", ""):
                 raise StoreError(f"results store {str(self.path)!r} is read-only here ({exc}); copy it to a folder "
                                  "you can write and give that as --db") from None
