@@ -5,11 +5,13 @@ on this machine, or in-process when an external torchrun/srun already started us
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import secrets
 import socket
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -125,6 +127,9 @@ def check_metrics_endpoint(host: str, port: int) -> None:
     except socket.gaierror as exc:
         raise SpecError(f"train.metrics_host={host!r} does not resolve ({exc.strerror}); give an address of this "
                         "machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    if not ipaddress.ip_address(address[0].split("%")[0]).is_loopback:  # allowed, but said once, by the launcher
+        print(f"trainperf: warning: train.metrics_host={host!r} ({address[0]}) serves the live metrics beyond this "
+              "machine (no authentication); give 127.0.0.1 to keep them on this host", file=sys.stderr)
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
         try:

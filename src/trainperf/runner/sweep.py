@@ -77,6 +77,9 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
         if not isinstance(sets, dict):
             raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
         keys = sorted(sets)
+        empty = [k for k in keys if isinstance(sets[k], (list, tuple)) and not sets[k]]
+        if empty:  # the grid would span nothing: the block would silently run no item
+            raise SpecError(f"{where}: runs[{i}].set.{empty[0]} is an empty list; give at least one value")
         nprocs = _as_list(block.get("nproc_per_node", default_nproc))
         bad_nproc = [n for n in nprocs if isinstance(n, bool) or not isinstance(n, int) or n < 1]
         if bad_nproc or not nprocs:
