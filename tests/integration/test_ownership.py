@@ -7,11 +7,14 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
+import types
 
 import pytest
 
 from tests.fixtures.cli import trainperf_cmd
+from trainperf.core.processes import process_group_alive
 
 LONG = ["--set", "hardware.device=cpu", "--set", "train.seed=3", "--set", "eval.every_samples=100000",
         "--set", "train.log_every=1", "--set", "train.max_steps=100000"]
@@ -82,3 +85,60 @@ def test_a_killed_launcher_takes_its_ranks_and_the_row_stays_failed(tmp_path, vi
         status, reason = c.execute("SELECT status, status_reason FROM runs").fetchone()
         assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert status == "failed", reason
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_an_owned_child_dies_with_its_parent_killed_outright(tmp_path):
+    """start_owned: a parent SIGKILLed (no handler runs) still takes its child, via the death signal."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from trainperf.parallel.launcher import start_owned; "
+        "p = start_owned(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child = int(parent.stdout.readline())
+    assert os.getpgid(child) == child  # a process group of its own
+    parent.kill()
+    parent.wait()
+    _wait_for(lambda: _gone(child), 10, "the child to end")
+
+
+def test_a_timed_out_trial_has_its_process_group_ended(monkeypatch):
+    from trainperf.runner import tune  # the trial runner
+
+    monkeypatch.setattr(tune, "trial_command", lambda *a: ["sh", "-c", "sleep 60 & echo $! >&2; wait"])
+    cand = types.SimpleNamespace(id="P1", set_line="")
+    t0 = time.monotonic()
+    trial = tune.run_trial("mini-lora", 1, cand, 2, "t.db", "runs", [], timeout_s=1)
+    assert time.monotonic() - t0 < 15
+    assert "timed out after 1 s" in trial.error and "process group" in trial.error and "ended" in trial.error
+    pgid = int(trial.error.split("process group ")[1].split(")")[0])
+    _wait_for(lambda: not process_group_alive(pgid), 5, "the trial's group to end")
+
+
+@pytest.mark.slow
+def test_sigterm_to_tune_ends_the_running_trial_and_says_so(tmp_path):
+    tune = subprocess.Popen(trainperf_cmd("tune", "mini-pretrain", "--gpus", "1", "--db", str(tmp_path / "t.db"),
+                                          "--out", str(tmp_path / "runs"), "--steps", "100000", "--set",
+                                          "hardware.device=cpu"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: (tmp_path / "t.db").exists() and _step_reached(tmp_path / "t.db"), 120, "a trial to train")
+        with sqlite3.connect(tmp_path / "t.db") as c:
+            trial_pgid = c.execute("SELECT pgid FROM runs").fetchone()[0]
+        tune.send_signal(signal.SIGTERM)
+        out, err = tune.communicate(timeout=60)
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
+    assert tune.returncode == 1, err[-2000:]
+    assert "tune stopped" in err and f"process group {trial_pgid}" in err and "Traceback" not in err
+    assert not process_group_alive(trial_pgid)
+    with sqlite3.connect(tmp_path / "t.db") as c:
+        assert c.execute("SELECT status FROM runs").fetchone()[0] == "failed"
