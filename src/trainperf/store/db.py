@@ -241,9 +241,11 @@ class Store:
                 self._migrate()
             elif self.schema_version > SCHEMA_VERSION:
                 raise _newer_schema(self.path, self.schema_version)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, StoreError) as exc:
             if getattr(self, "conn", None) is not None:
                 self.conn.close()
+            if isinstance(exc, StoreError):  # refused as it is (a damaged file, a newer schema)
+                raise
             if not existed:  # a store that could not be made (a full disk) leaves no file behind
                 for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                     leftover.unlink(missing_ok=True)
@@ -261,7 +263,9 @@ class Store:
         problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(3)").fetchall()]
         if problems != ["ok"]:
             found = " ".join("; ".join(problems).split())  # SQLite's report spans lines: one line here
-            raise sqlite3.DatabaseError(f"it is damaged: {found[:160]}")
+            raise StoreError(f"results store {str(self.path)!r} is damaged (database disk image is malformed; "
+                             f"quick_check: {found[:160]}); nothing was written to it; restore it from a backup or "
+                             "give another --db")
 
     def _switch_to_wal(self) -> None:
         """Put the file in WAL mode once; it stays so.
