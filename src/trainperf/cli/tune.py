@@ -9,6 +9,7 @@ import sys
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import HEADROOM_HELP, add_common, add_out, memory_headroom
+from trainperf.cli.paths import check_out_folder
 
 HELP = "measure the planner's best layouts in short trials, keep the fastest"
 DESCRIPTION = ("Successive halving over the planner's top layouts: short real runs, the faster "
@@ -90,6 +91,7 @@ def run(args) -> int:
         if args.gpus < 1 or args.top < 1 or args.steps < 2:
             raise SpecError("--gpus and --top must be >= 1 and --steps >= 2 (the first step is warm-up)")
         _check_numbers(args)
+        check_out_folder(args.out)
         base = resolve_spec(get_workload(args.workload).defaults(), None, args.overrides)
         # the user's --set comes last on every trial's command line: a layout it breaks is refused now
         validate_run(base, args.gpus, before_checkpoint=True)

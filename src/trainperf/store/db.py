@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import time
@@ -22,6 +23,7 @@ from trainperf.core.results import RESULT_COLUMNS
 
 SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
+MIN_FREE_BYTES_NEW_STORE = 16 * 2**20  # a new store's schema, WAL and first rows
 
 MIGRATIONS = {
     1: """
@@ -205,6 +207,9 @@ def check_store_path(path: str | os.PathLike) -> None:
     if not os.access(ancestor, os.W_OK):
         raise StoreError(f"results store {str(path)!r}: {str(ancestor)!r} is not writable; give a --db path in a "
                          "folder you can write")
+    if shutil.disk_usage(ancestor).free < MIN_FREE_BYTES_NEW_STORE:
+        raise StoreError(f"results store {str(path)!r}: less than {MIN_FREE_BYTES_NEW_STORE // 2**20} MiB free on "
+                         f"the file system of {str(ancestor)!r}; free space or give another --db")
 
 
 class Store:
