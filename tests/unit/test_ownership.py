@@ -282,3 +282,17 @@ def test_the_parent_death_signal_can_be_asked_for():
         assert set_parent_death_signal() is True
     finally:
         set_parent_death_signal(0)  # this test process keeps no death signal
+
+
+def test_a_parquet_file_with_a_duplicated_column_is_refused_in_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainperf.data.tokens import inspect_any  # the dataset readers
+
+    ids = pa.array([[1, 2, 3, 4]] * 4, type=pa.list_(pa.int64()))
+    table = pa.Table.from_arrays([ids, ids, ids], names=["input_ids", "labels", "labels"])
+    for split in ("train", "validation"):
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    with pytest.raises(SpecError, match="labels more than once"):
+        inspect_any(str(tmp_path), 4, 64)
