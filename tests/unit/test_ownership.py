@@ -296,3 +296,15 @@ def test_a_parquet_file_with_a_duplicated_column_is_refused_in_one_line(tmp_path
         pq.write_table(table, tmp_path / f"{split}.parquet")
     with pytest.raises(SpecError, match="labels more than once"):
         inspect_any(str(tmp_path), 4, 64)
+
+
+def test_a_read_only_store_is_called_read_only(tmp_path, monkeypatch):
+    Store(tmp_path / "t.db").close()
+
+    def read_only(self):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(Store, "_switch_to_wal", read_only)
+    with pytest.raises(StoreError, match="is read-only here"):
+        Store(tmp_path / "t.db")
+    assert (tmp_path / "t.db").exists()  # an existing store is never removed
