@@ -142,3 +142,38 @@ def test_sigterm_to_tune_ends_the_running_trial_and_says_so(tmp_path):
     assert not process_group_alive(trial_pgid)
     with sqlite3.connect(tmp_path / "t.db") as c:
         assert c.execute("SELECT status FROM runs").fetchone()[0] == "failed"
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_outright_is_resumed_only_once_its_run_has_ended(tmp_path):
+    """kill -9 of a sweep: its run dies with it (parent-death signal), and until it has, a resumed sweep
+    does not claim the item -- never two runs of one item at once."""
+    from trainperf.store.db import Store  # the store the sweep writes
+
+    (tmp_path / "s.yaml").write_text("name: own\nruns:\n  - workload: mini-pretrain\n    set:\n"
+                                     "      hardware.device: cpu\n      train.max_steps: 100000\n")
+    db = tmp_path / "t.db"
+    sweep = subprocess.Popen(trainperf_cmd("sweep", str(tmp_path / "s.yaml"), "--db", str(db), "--out",
+                                           str(tmp_path / "runs")), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def run_group():
+        if not db.exists():
+            return None
+        with sqlite3.connect(db) as c:
+            row = c.execute("SELECT run_pgid FROM sweep_items").fetchone()
+        return row and row[0]
+
+    try:
+        pgid = _wait_for(run_group, 120, "the sweep to start its run")
+    finally:
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+    store = Store(db)
+    item_id = store.sweep_items("own")[0]["item_id"]
+    deadline = time.monotonic() + 60
+    while (claimed := store.claim_sweep_item("own", item_id)) is None:  # refused while the run is ending
+        assert process_group_alive(pgid) and "still running" in store.sweep_item_holder("own", item_id)
+        assert time.monotonic() < deadline, "the orphaned run did not end"
+        time.sleep(0.05)
+    assert claimed["status"] == "running" and not process_group_alive(pgid)
