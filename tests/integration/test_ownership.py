@@ -51,8 +51,11 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 def _step_reached(db) -> bool:
     """A rank is training: the run folder has a progress file."""
-    with sqlite3.connect(db) as c:
-        row = c.execute("SELECT out_dir FROM runs").fetchone()
+    try:
+        with sqlite3.connect(db) as c:
+            row = c.execute("SELECT out_dir FROM runs").fetchone()
+    except sqlite3.OperationalError:  # the store is being created
+        return False
     return row is not None and os.path.exists(os.path.join(row[0], "progress.json"))
 
 
