@@ -506,8 +506,8 @@ class Store:
             c.execute("UPDATE sweep_items SET run_pgid = ? WHERE sweep_id = ? AND item_id = ?", (pgid, sweep_id, item_id))
 
     def sweep_item_holder(self, sweep_id: str, item_id: str) -> str | None:
-        """What holds an unfinished item: 'host H, pid P' of the process it is claimed by, or its previous
-        run still alive; None if nothing does."""
+        """What holds an unfinished item: 'host H, pid P' of the process it is claimed by (unless known
+        gone), or its previous run still alive; None if nothing does."""
         row = self.conn.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?",
                                 (sweep_id, item_id)).fetchone()
         if row is None or row["status"] in ("success", "failed"):
@@ -515,7 +515,8 @@ class Store:
         alive = self._previous_run_alive(dict(row))
         if alive:
             return alive
-        if row["status"] != "running" or row["owner_pid"] is None:
+        if row["status"] != "running" or row["owner_pid"] is None or _is_ours_and_dead(
+                row["owner_host"], row["owner_pid_ns"], row["owner_pid"], row["owner_started"]):
             return None
         return f"host {row['owner_host']}, pid {row['owner_pid']}"
 
