@@ -6,7 +6,9 @@ else would reach it), and does not start at all if the launcher is already gone.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch.distributed as dist
@@ -15,7 +17,7 @@ from trainperf.core.processes import process_alive
 from trainperf.core.spec import RunSpec
 from trainperf.parallel.launcher import die_with_parent
 from trainperf.runner.local import run_hooks
-from trainperf.train.loop import RunContext, train
+from trainperf.train.loop import RunContext, RunInterrupted, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(spec, ctx)
         dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
+    except RunInterrupted as exc:  # rank 0 recorded the end; the launcher prints the run's summary
+        print(f"trainperf: rank {os.environ.get('RANK', '?')}: run {ctx.run_id} stopped ({exc})", file=sys.stderr)
+        return 1
+    except Exception as exc:  # recorded by rank 0; the traceback is kept with the run, not printed
+        where = run_dir / f"rank_{os.environ.get('RANK', 'x')}_error.txt"
+        where.write_text(traceback.format_exc())
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"trainperf: rank {os.environ.get('RANK', '?')}: run {ctx.run_id} failed: {type(exc).__name__}: "
+              f"{first[:200]} (traceback: {where})", file=sys.stderr)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
