@@ -33,7 +33,7 @@ def _ranks_of(run_root) -> list[int]:
                 state = fh.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if ("trainperf.runner.worker" in cmd and str(run_root) in cmd and "torch.distributed.run" not in cmd
+        if ("trainperf.runner.worker" in cmd and str(run_root) in cmd and "--nproc-per-node" not in cmd
                 and state != "Z"):
             pids.append(int(entry))
     return pids

@@ -115,8 +115,9 @@ def stop_owned(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def torchrun_command(nproc_per_node: int, module: str, *args: str) -> list[str]:
-    """``python -m torch.distributed.run --standalone`` on this machine, ranks running ``-m module``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+    """torchrun ``--standalone`` on this machine (``parallel.torchrun``: its end in one line, not a
+    traceback), ranks running ``-m module``."""
+    return [sys.executable, "-m", "trainperf.parallel.torchrun", "--standalone", f"--nproc-per-node={nproc_per_node}",
             "-m", module, *args]
 
 
