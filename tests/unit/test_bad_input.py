@@ -113,7 +113,7 @@ def test_parse_override():
 
 
 CONFIG_YAML = """\
-workload: ignored-here
+workload: mini-pretrain  # the workload being run: accepted
 train:
   lr: 0.1
   max_steps: 7
@@ -127,7 +127,7 @@ eval:
 """
 
 CONFIG_TOML = """\
-workload = "ignored-here"
+workload = "mini-pretrain"  # the workload being run: accepted
 
 [train]
 lr = 0.1

@@ -1,4 +1,4 @@
-"""Tune trials are stored as trials: the v6 migration keeps every row and recognises older trials."""
+"""Tune trials are stored as trials: the v7 migration keeps every row and recognises older trials."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 from trainperf.runner.tune import trial_command
-from trainperf.store.db import MIGRATIONS, Store
+from trainperf.store.db import MIGRATIONS, SCHEMA_VERSION, Store
 
 
 def _v5_store(path) -> None:
@@ -28,7 +28,7 @@ def _v5_store(path) -> None:
 def test_v5_store_migrates_keeping_every_row_and_marking_old_trials(tmp_path):
     _v5_store(tmp_path / "t.db")
     store = Store(tmp_path / "t.db")
-    assert store.schema_version == 6
+    assert store.schema_version == SCHEMA_VERSION >= 7  # through v6 (ownership) and v7 (purpose)
     assert {r["run_id"]: r["purpose"] for r in store.list_runs()} == {"a-run": "run", "old-trial": "trial"}
     assert [r["run_id"] for r in store.list_runs(trials=False)] == ["a-run"]
 

@@ -138,12 +138,14 @@ def _measured_gpu(gpu, db: str):
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import Store, StoreError
 
-    try:
-        store = Store(db)
-        found = store.latest_preflight(gpu.name)
-        store.close()
-    except StoreError:
-        found = None
+    found = None
+    if Path(db).exists():  # no store: no preflight, and none is created by asking
+        try:
+            store = Store(db)
+            found = store.latest_preflight(gpu.name)
+            store.close()
+        except StoreError:
+            pass  # an unusable --db is refused, in one line, when the plan is saved
     overrides = dict(found["overrides"]) if found else {}
     table = overrides.get("kernel_table")
     if table and not Path(table).is_file():  # the preflight's run folder was removed

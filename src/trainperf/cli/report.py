@@ -41,6 +41,7 @@ def run(args) -> int:
         return bad_input(f"--html {html!r}: folder {str(Path(html).parent)!r} does not exist", args.json)
     try:
         store = Store(args.db, read_only_ok=True)  # a report of a store one may not write (reaping is skipped)
+        store.check_cell_types(("runs", "steps") if html else ("runs",))  # a mistyped cell would break the formatting
     except StoreError as exc:
         return bad_input(str(exc), args.json)
     store.reap_dead_runs()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import add_common, add_out
+from trainperf.cli.paths import check_out_folder
 from trainperf.core.results import RUN_JSON_KEYS
 
 HELP = "train a workload to its quality target (MLPerf clock, log, store)"
@@ -38,28 +39,32 @@ def _interactive() -> bool:
 
 
 def _print_summary(summary: dict) -> None:
+    """The closing lines of a run, whatever way it ended (a summary of an abnormal end has few keys)."""
     from rich.console import Console
 
     c = Console(stderr=False, soft_wrap=not _interactive())  # a log file keeps each line whole
-    ok = summary["status"] == "success"
+    ok = summary.get("status") == "success"
     probe = not ok and (summary.get("status_reason") or "").startswith("throughput probe")
-    head = "[green]reached target[/green]" if ok else "[yellow]probe completed[/yellow]" if probe else "[red]FAILED[/red]"
-    c.print(f"{head} {summary['workload']} run {summary['run_id']}")
-    if ok:
-        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary['samples_to_target']} samples, "
-                f"eval loss {summary['final_eval_loss']:.4f} <= target {summary['target']:.4f})")
-    elif summary.get("status_reason"):
-        c.print(f"  {summary['status_reason']}")
-    if summary.get("tokens_per_s"):
+    head = ("[green]reached target[/green]" if ok else "[yellow]probe completed[/yellow]" if probe
+            else f"[red]{str(summary.get('status') or 'failed').upper()}[/red]")
+    c.print(f"{head} {summary.get('workload', '')} run {summary.get('run_id')}")
+    if ok and summary.get("time_to_train_s") is not None:
+        c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary.get('samples_to_target')} samples, "
+                f"eval loss {summary.get('final_eval_loss') or float('nan'):.4f} <= target "
+                f"{summary.get('target') or float('nan'):.4f})")
+    elif not ok:
+        c.print(f"  {summary.get('status_reason') or 'the run ended without a reason recorded'}")
+    if summary.get("tokens_per_s") and summary.get("tokens_per_s_per_gpu") and summary.get("model_tflops_per_gpu"):
         mfu = summary.get("mfu")
         c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
                 f"process), {summary['model_tflops_per_gpu']:.3f} model TFLOP/s per process, MFU "
                 + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a (no peak FLOP/s known for this device)"))
+    if summary.get("peak_mem_gib") is not None:
         c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
     if summary.get("layout"):
         where = ", ".join(f"{k} {v}" for k, v in (summary.get("placement") or {}).items())
         c.print(f"  layout         {summary['layout']} on {summary.get('world_size')} processes" + (f" ({where})" if where else ""))
-    c.print(f"  mllog          {summary['mllog']}")
+    c.print(f"  mllog          {summary.get('mllog')}")
 
 
 def _apply_plan(args, workload: str) -> None:
@@ -67,6 +72,9 @@ def _apply_plan(args, workload: str) -> None:
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import Store
 
+    if not Path(args.db).exists():  # no store holds no plan; asking must not create one
+        raise SpecError(f"--layout-from-plan {args.layout_from_plan!r}: no results store at {args.db!r}, so no "
+                        "plans (see `trainperf plan`)")
     store = Store(args.db)
     row = store.get_plan(args.layout_from_plan)
     store.close()
@@ -105,8 +113,7 @@ def run(args, workload: str | None = None) -> int:
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
         check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
-        if Path(args.out).exists() and not Path(args.out).is_dir():
-            raise SpecError(f"--out {args.out!r} is a file; give a folder for the runs' artefacts")
+        check_out_folder(args.out)
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node
         spec, _info = local.prepare(workload, args.config, args.overrides, world)

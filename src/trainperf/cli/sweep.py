@@ -8,6 +8,7 @@ import sys
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import add_common, add_out
+from trainperf.cli.paths import check_out_folder
 from trainperf.parallel.launcher import Interrupted
 from trainperf.runner.slurm import add_slurm_args, status_lines
 
@@ -60,6 +61,7 @@ def run(args) -> int:
                 name, items = sweep.load_sweep(args.target, args.overrides)  # a bad file creates no store
             if args.dry_run:
                 return _dry_run(args, name, items)
+            check_out_folder(args.out)
             store = Store(args.db)
             echo = (lambda line: print(line, file=sys.stderr)) if args.json else print
             counts = sweep.run_sweep(store, name, items, args.db, args.out, args.overrides, echo=echo, wait=args.wait,

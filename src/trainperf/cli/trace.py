@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
+from trainperf.cli.paths import check_out_folder
 from trainperf.trace import SUMMARY_FILE, TRACE_DIR
 from trainperf.trace.overhead import OVERHEAD_GOAL_PCT
 from trainperf.trace.summary import analyze_dir
@@ -92,9 +93,9 @@ def run(args) -> int:
     except StoreError as exc:
         return bad_input(str(exc), args.json)
     try:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return bad_input(f"--out {args.out!r}: cannot create it ({exc.strerror})", args.json)
+        check_out_folder(args.out)  # made by the run once the spec is good: a refusal leaves nothing
+    except SpecError as exc:
+        return bad_input(str(exc), args.json)
     try:
         ext = local.external_launcher()
         world = local.external_world_size() if ext else args.nproc_per_node

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import HEADROOM_HELP, add_common, add_out, memory_headroom
+from trainperf.cli.paths import check_out_folder
 
 HELP = "measure the planner's best layouts in short trials, keep the fastest"
 DESCRIPTION = ("Successive halving over the planner's top layouts: short real runs, the faster "
@@ -50,6 +52,18 @@ def _check_trial_host(base, gpus: int) -> None:
         check_host_memory(base)
 
 
+MAX_BUDGET_MINUTES = 7 * 24 * 60  # a week: a longer tune is a mistyped number
+
+
+def _check_numbers(args) -> None:
+    """Finite numbers in their ranges (NaN compares false with everything, so every check says so)."""
+    if not (math.isfinite(args.budget_minutes) and 0 < args.budget_minutes <= MAX_BUDGET_MINUTES):
+        raise SpecError(f"--budget-minutes {args.budget_minutes}: must be > 0 and <= {MAX_BUDGET_MINUTES} (a week)")
+    for flag, value in (("--abandon-factor", args.abandon_factor), ("--keep-within", args.keep_within)):
+        if not (math.isfinite(value) and value >= 0):
+            raise SpecError(f"{flag} {value}: must be a finite number >= 0")
+
+
 def run(args) -> int:
     # the YAML/TOML readers load only when a spec is resolved, not for --help
     from trainperf.core.resolve import resolve_spec
@@ -61,6 +75,12 @@ def run(args) -> int:
     from trainperf.plan.search import plan
 
     # the trial runner loads only when tune runs
+    from trainperf.parallel.launcher import Interrupted
+
+    # the layout check imports the model: only when tune runs
+    from trainperf.runner.checks import validate_run
+
+    # the trial runner loads only when tune runs
     from trainperf.runner.tune import successive_halving
 
     # the workload registry imports torch and the model: only when tune runs
@@ -70,10 +90,11 @@ def run(args) -> int:
         headroom = memory_headroom(args)
         if args.gpus < 1 or args.top < 1 or args.steps < 2:
             raise SpecError("--gpus and --top must be >= 1 and --steps >= 2 (the first step is warm-up)")
-        if not args.budget_minutes > 0 or args.abandon_factor < 0 or args.keep_within < 0:
-            raise SpecError(f"--budget-minutes must be > 0, --abandon-factor and --keep-within >= 0 (got "
-                            f"{args.budget_minutes}, {args.abandon_factor}, {args.keep_within})")
+        _check_numbers(args)
+        check_out_folder(args.out)
         base = resolve_spec(get_workload(args.workload).defaults(), None, args.overrides)
+        # the user's --set comes last on every trial's command line: a layout it breaks is refused now
+        validate_run(base, args.gpus, before_checkpoint=True)
         _check_trial_host(base, args.gpus)
         fits, _ = plan(base, load_gpu(args.gpu), args.gpus, args.gpus, objective="throughput", headroom=headroom)
     except SpecError as exc:
@@ -82,9 +103,13 @@ def run(args) -> int:
     _save_as_plan(args, fits[:args.top])
     echo(f"trying {len(fits[:args.top])} layouts of {args.workload} on {args.gpus} GPUs "
          f"(budget {args.budget_minutes:g} min): {', '.join(c.id for c in fits[:args.top])}")
-    res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
-                             args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor,
-                             keep_within=args.keep_within)
+    try:
+        res = successive_halving(args.workload, args.gpus, fits[:args.top], args.db, args.out, args.overrides,
+                                 args.budget_minutes * 60, args.steps, echo, abandon_factor=args.abandon_factor,
+                                 keep_within=args.keep_within)
+    except Interrupted as exc:  # the running trial's process group is already ended
+        print(f"trainperf: tune stopped ({exc}); no winner", file=sys.stderr)
+        return EXIT_FAILED
     trials = [{"id": t.candidate.id, "set": t.candidate.set_line, "steps": t.steps, "step_time_s": t.step_time_s,
                "planned_step_time_s": t.candidate.est.step_time_s, "run_id": t.run_id, "error": t.error,
                "wall_s": round(t.wall_s, 2)}

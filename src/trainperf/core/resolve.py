@@ -43,6 +43,8 @@ def parse_error_text(exc: Exception) -> str:
 
 def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(f"config file {path!r} is a folder; give a .yaml, .yml or .toml file")
     if not p.is_file():
         raise SpecError(f"config file {path!r} does not exist")
     try:
@@ -70,7 +72,11 @@ def resolve_spec(base: RunSpec, config_file: str | None, overrides: list[str]) -
     spec = RunSpec.from_dict(base.to_dict())  # deep copy
     if config_file:
         for section, values in load_config_file(config_file).items():
-            if section == "workload":
+            if section == "workload":  # the command names the workload; a file cannot change it
+                if values != base.workload:
+                    raise SpecError(f"config file {config_file!r}: workload: {values!r} differs from the workload "
+                                    f"being run ({base.workload!r}); the workload is the command's argument, drop "
+                                    "the key")
                 continue
             if section not in SECTIONS:
                 raise SpecError(f"config file {config_file!r}: unknown section {section!r}; valid: {', '.join(SECTIONS)}")

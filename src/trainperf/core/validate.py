@@ -8,6 +8,7 @@ asked by the runner (``runner.checks``), which imports the model.
 from __future__ import annotations
 
 import importlib.util
+import math
 
 from trainperf.core.errors import SpecError
 from trainperf.core.hardware import PEAK_BF16_FLOPS, peak_flops_for
@@ -166,14 +167,31 @@ def check_choices(spec: RunSpec) -> None:
             raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
 
 
+COLLECTIVE_TIMEOUT_RANGE_S = (1.0, 7 * 86400.0)  # below a second every step times out; above a week is no timeout
+MAX_GENERATED_TOKENS = 2**30  # a generated dataset is held in memory: 8 GiB of int64 token ids at most
+
+
+def _finite(key: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{key}={value}: must be a finite number")
+
+
 def _at_least(key: str, value, low, note: str = "") -> None:
+    _finite(key, value)
     if value < low:
         raise SpecError(f"{key}={value}: must be >= {low}{note}")
 
 
 def _above(key: str, value, low, note: str = "") -> None:
+    _finite(key, value)
     if value <= low:
         raise SpecError(f"{key}={value}: must be > {low}{note}")
+
+
+def _within(key: str, value, low, high, note: str = "") -> None:
+    _finite(key, value)
+    if not low <= value <= high:
+        raise SpecError(f"{key}={value}: must be in [{low:g}, {high:g}]{note}")
 
 
 def check_values(spec: RunSpec) -> None:
@@ -220,7 +238,7 @@ def check_values(spec: RunSpec) -> None:
     _at_least("train.loss_chunk_tokens", t.loss_chunk_tokens, 0, " (0: no chunking)")
     if min(t.profile_steps, t.profile_warmup, t.profile_wait) < 0:
         raise SpecError("train.profile_steps, profile_warmup and profile_wait must be >= 0")
-    _above("train.collective_timeout_s", t.collective_timeout_s, 0, " seconds")
+    _within("train.collective_timeout_s", t.collective_timeout_s, *COLLECTIVE_TIMEOUT_RANGE_S, " seconds")
     if not 0 <= t.metrics_port < 65536:
         raise SpecError(f"train.metrics_port={t.metrics_port}: must be a TCP port (1-65535), or 0 for none")
     _at_least("data.seq_len", d.seq_len, 2)
@@ -228,6 +246,10 @@ def check_values(spec: RunSpec) -> None:
         raise SpecError(f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}")
     _at_least("data.train_samples", d.train_samples, 0)
     _at_least("data.eval_samples", d.eval_samples, 0)
+    if d.path is None and (d.train_samples + d.eval_samples) * d.seq_len > MAX_GENERATED_TOKENS:
+        raise SpecError(f"data.train_samples={d.train_samples} + data.eval_samples={d.eval_samples} rows of "
+                        f"data.seq_len={d.seq_len}: a generated dataset holds at most {MAX_GENERATED_TOKENS} tokens "
+                        "(8 GiB); generate fewer rows, or convert a dataset and give data.path")
     _at_least("eval.every_samples", e.every_samples, 1)
     _at_least("eval.skip_first", e.skip_first, -1, " (-1: the MLPerf LoRA rule)")
     _at_least("eval.batch_size", e.batch_size, 1)

@@ -203,6 +203,10 @@ def _int_list_type(t) -> bool:
 def _check_parquet_schema(path: str, f: Path, schema) -> bool:
     """Validate columns; return whether attention_mask is present."""
     names = schema.names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # which of the two a reader takes is undefined
+        raise SpecError(f"{_where(path, f)} has the column{'s' if len(twice) > 1 else ''} {', '.join(twice)} more "
+                        "than once; write each column once")
     for col in ("input_ids", "labels"):
         if col not in names:
             raise SpecError(f"{_where(path, f)} has columns {names} but needs input_ids and labels "

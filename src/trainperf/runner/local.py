@@ -5,12 +5,15 @@ on this machine, or in-process when an external torchrun/srun already started us
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import secrets
 import socket
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -19,6 +22,7 @@ import torch.distributed as dist
 from trainperf.core.errors import SpecError
 from trainperf.core.flops import lora_params, total_params
 from trainperf.core.layout import layout_string
+from trainperf.core.processes import process_start_time
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
@@ -123,6 +127,9 @@ def check_metrics_endpoint(host: str, port: int) -> None:
     except socket.gaierror as exc:
         raise SpecError(f"train.metrics_host={host!r} does not resolve ({exc.strerror}); give an address of this "
                         "machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    if not ipaddress.ip_address(address[0].split("%")[0]).is_loopback:  # allowed, but said once, by the launcher
+        print(f"trainperf: warning: train.metrics_host={host!r} ({address[0]}) serves the live metrics beyond this "
+              "machine (no authentication); give 127.0.0.1 to keep them on this host", file=sys.stderr)
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
         try:
@@ -243,27 +250,44 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
                     dist.destroy_process_group()
         else:
             (run_dir / "launch.json").write_text(json.dumps(
-                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress}))
+                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress,
+                 "launcher_pid": os.getpid(), "launcher_started": process_start_time(os.getpid())}))
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
-            returncode = run_torchrun(cmd, env)
+            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid))
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
         store.mark_failed_if_running(run_id, f"interrupted: {exc}")
-    except BaseException as exc:
-        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {exc}".strip())
-        raise
+    except KeyboardInterrupt:  # SIGINT to a one-process run
+        store.mark_failed_if_running(run_id, "interrupted: received SIGINT")
+    except Exception as exc:  # a failed run, reported as one; the traceback is kept with the run
+        (run_dir / "launcher_error.txt").write_text(traceback.format_exc())
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {first} (traceback: "
+                                             f"{run_dir / 'launcher_error.txt'})")
     finally:
         store.mark_failed_if_running(run_id, "the run ended without recording a result")
         store.close()
     summary_file = run_dir / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
-    row = Store(db_path).get_run(run_id) or {}
-    return {"run_id": run_id, "status": row.get("status", "failed"), "status_reason": row.get("status_reason"),
+    return abnormal_end_summary(spec, run_id, run_dir, db_path)
+
+
+def abnormal_end_summary(spec: RunSpec, run_id: str, run_dir: Path, db_path: str) -> dict:
+    """The summary of a run that wrote none (killed, interrupted, a rank died): what the store says of it,
+    with every key a summary printer reads."""
+    store = Store(db_path)
+    try:
+        row = store.get_run(run_id) or {}
+    finally:
+        store.close()
+    return {"run_id": run_id, "workload": spec.workload, "status": row.get("status", "failed"),
+            "status_reason": row.get("status_reason") or "the run ended without recording a result",
+            "target": spec.eval.target, "layout": layout_string(spec.parallel), "world_size": row.get("world_size"),
             "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
             "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
 

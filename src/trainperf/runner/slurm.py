@@ -130,12 +130,43 @@ def parse_config(data, where: str) -> SlurmConfig:
         elif not isinstance(v, str):
             raise SpecError(f"{where}: slurm.{k}={v!r} must be a string")
         setattr(cfg, k, v)
+    _check_slurm_syntax(cfg, where)
     if cfg.launcher not in ("auto", "torchrun"):
         raise SpecError(f"{where}: slurm.launcher={cfg.launcher!r} must be auto (one node: trainperf starts torchrun; "
                         "several: srun starts torchrun on each) or torchrun (the several-node form always)")
     if cfg.nodes < 1 or cfg.gpus_per_node < 0 or (cfg.cpus_per_task is not None and cfg.cpus_per_task < 1):
         raise SpecError(f"{where}: slurm.nodes must be >= 1, gpus_per_node >= 0 and cpus_per_task >= 1")
     return cfg
+
+
+# what Slurm itself accepts (sbatch(1): --partition takes a comma-separated list of names, --time one of
+# its six forms or UNLIMITED); a value outside it would be refused by sbatch or, with a newline, become a
+# line of the batch script's shell
+SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+SLURM_PARTITIONS_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+SLURM_TIME_RE = re.compile(r"\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|UNLIMITED|INFINITE")
+SBATCH_OPTION_RE = re.compile(r"(#SBATCH\s+)?--?[A-Za-z][A-Za-z0-9-]*(=[^\n\r]*|\s+[^\n\r]*)?")
+
+
+def _check_slurm_syntax(cfg: SlurmConfig, where: str) -> None:
+    """Every value that goes onto an #SBATCH line as it is: in Slurm's own syntax, one line."""
+    for key, value, pattern, shape in (
+            ("partition", cfg.partition, SLURM_PARTITIONS_RE, "partition names (letters, digits, _ . -), comma-separated"),
+            ("account", cfg.account, SLURM_NAME_RE, "an account name (letters, digits, _ . -)"),
+            ("time", cfg.time, SLURM_TIME_RE, "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")):
+        if value is not None and not pattern.fullmatch(value):
+            raise SpecError(f"{where}: slurm.{key}={value!r} is not {shape}")
+    for extra in cfg.extra_sbatch:
+        if not SBATCH_OPTION_RE.fullmatch(extra.strip()):
+            raise SpecError(f"{where}: slurm.extra_sbatch entry {extra!r} must be one sbatch option on one line "
+                            "(e.g. --qos=high or #SBATCH --mem=0)")
+    for key in ("container_image", "container_workdir", "python", "script_dir"):
+        value = getattr(cfg, key)
+        if value is not None and ("\n" in value or "\r" in value):
+            raise SpecError(f"{where}: slurm.{key}={value!r} contains a line break")
+    for key in ("container_mounts", "extra_srun"):
+        if any("\n" in v or "\r" in v for v in getattr(cfg, key)):
+            raise SpecError(f"{where}: slurm.{key} has an entry with a line break")
 
 
 # -- the batch script ------------------------------------------------------------------------------
@@ -168,8 +199,11 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
     q = shlex.quote
     d = Path(directory)
     stem = item["item_id"]
+    for name, path in (("the script folder", str(d)), ("the working folder", workdir)):
+        if "\n" in path or "\r" in path:  # an #SBATCH line cannot quote it
+            raise SpecError(f"{name} {path!r} contains a line break; give --out a plain path")
     lines = ["#!/bin/bash",
-             f"# trainperf sweep {sweep_id!r}, item {stem}: {item['workload']} on {cfg.nodes} node(s) "
+             f"# trainperf sweep {sweep_id!r}, item {stem}: {item['workload']!r} on {cfg.nodes} node(s) "
              f"x {item['nproc']} process(es)",
              "# written by `trainperf sweep`; the sweep resubmits it only while the item is still pending",
              f"#SBATCH --job-name={job_name(sweep_id, stem)}",

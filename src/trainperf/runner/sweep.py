@@ -77,6 +77,9 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
         if not isinstance(sets, dict):
             raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
         keys = sorted(sets)
+        empty = [k for k in keys if isinstance(sets[k], (list, tuple)) and not sets[k]]
+        if empty:  # the grid would span nothing: the block would silently run no item
+            raise SpecError(f"{where}: runs[{i}].set.{empty[0]} is an empty list; give at least one value")
         nprocs = _as_list(block.get("nproc_per_node", default_nproc))
         bad_nproc = [n for n in nprocs if isinstance(n, bool) or not isinstance(n, int) or n < 1]
         if bad_nproc or not nprocs:
@@ -181,7 +184,9 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
         row = store.claim_sweep_item(sweep_id, item["item_id"], take_over=take_over)
         if row is None:
             holder = store.sweep_item_holder(sweep_id, item["item_id"])
-            if holder:  # finished items are skipped silently: a sweep is idempotent
+            if holder and holder.startswith("its previous run"):  # never two runs of one item at once
+                echo(f"skipped {_item_label(item)}: {holder}; it runs when they have ended")
+            elif holder:  # finished items are skipped silently: a sweep is idempotent
                 echo(f"skipped {_item_label(item)}: running in {holder} (if that sweep is gone, --take-over runs it)")
             continue
         if problems[item["item_id"]]:
@@ -194,7 +199,8 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
             cmd += ["--set", s]
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
             try:
-                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr)
+                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
+                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)))
             except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
                 store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
                                      f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")

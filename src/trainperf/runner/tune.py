@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
 from trainperf.core.layout import degrees_name
+from trainperf.parallel.launcher import Interrupted, end_process_group, start_owned, stop_owned
 from trainperf.plan.search import Candidate
+
+TRIAL_STOP_GRACE_S = 10.0  # a trial told to stop records its end in this time, or its group is killed
 
 
 @dataclass
@@ -67,28 +72,50 @@ def trial_command(workload: str, gpus: int, set_line: str, steps: int, db: str, 
 
 def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, out: str, extra: list[str],
               timeout_s: float) -> Trial:
+    """One trial in a process group of its own that dies with tune. A trial past ``timeout_s`` has its
+    whole group ended (its ranks too); a SIGTERM/SIGINT to tune ends it the same way, then is raised as
+    Interrupted with what was ended."""
     cmd = trial_command(workload, gpus, cand.set_line, steps, db, out, extra)
     trial = Trial(cand, steps)
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout_s, 1))
-    except subprocess.TimeoutExpired:
-        trial.error = f"stopped: the tune budget ran out ({timeout_s:.0f} s were left for this trial)"
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = start_owned(cmd, stdout=stdout, stderr=stderr)
+        previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            returncode = proc.wait(timeout=max(timeout_s, 1))
+        except subprocess.TimeoutExpired:
+            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S)
+            trial.error = (f"stopped: the tune budget ran out ({timeout_s:.0f} s were left for this trial); its "
+                           f"processes (process group {proc.pid}) were ended")
+            trial.wall_s = time.perf_counter() - t0
+            return trial
+        except Interrupted as exc:
+            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S)
+            raise Interrupted(f"{exc}: trial {cand.id} stopped, its processes (process group {proc.pid}) ended") from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        end_process_group(proc.pid, grace_s=1.0)  # anything the trial left behind
         trial.wall_s = time.perf_counter() - t0
-        return trial
-    trial.wall_s = time.perf_counter() - t0
+        stdout.seek(0)
+        stderr.seek(0)
+        out_text, err_text = stdout.read(), stderr.read()
     try:
-        summary = json.loads(proc.stdout)
+        summary = json.loads(out_text)
     except json.JSONDecodeError:
         summary = {}
     trial.summary = summary if isinstance(summary, dict) else {}
-    trial.run_id = summary.get("run_id")
-    if summary.get("step_time_s"):  # a throughput trial ends 'failed' (no target): its steps still count
-        trial.step_time_s = summary["step_time_s"]
+    trial.run_id = trial.summary.get("run_id")
+    if trial.summary.get("step_time_s"):  # a throughput trial ends 'failed' (no target): its steps still count
+        trial.step_time_s = trial.summary["step_time_s"]
     else:
-        lines = proc.stderr.strip().splitlines()
-        trial.error = summary.get("error") or (lines[-1] if lines else f"exit {proc.returncode}")
+        lines = err_text.strip().splitlines()
+        trial.error = trial.summary.get("error") or (lines[-1] if lines else f"exit {returncode}")
     return trial
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(f"tune received {signal.Signals(signum).name}")
 
 
 def recalibrated(cand: Candidate, ratios: list[float]) -> float:

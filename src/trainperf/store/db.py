@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import time
@@ -17,10 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainperf.core.processes import pid_namespace, process_alive, process_group_alive, process_start_time
 from trainperf.core.results import RESULT_COLUMNS
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
+MIN_FREE_BYTES_NEW_STORE = 16 * 2**20  # a new store's schema, WAL and first rows
 
 MIGRATIONS = {
     1: """
@@ -133,9 +136,18 @@ MIGRATIONS = {
     ALTER TABLE sweep_items ADD COLUMN owner_pid_ns TEXT;
     ALTER TABLE sweep_items ADD COLUMN owner_pid INTEGER;
     """,
-    # v6: a run is a run or a tune trial (kept out of reports and scores unless asked for); the trials
-    # stored before v6 are recognised by the eval interval `trainperf tune` gives them (no eval at all)
+    # v6: what tells a live run from a dead one when a pid is reused or ranks outlive their launcher:
+    # the start time of the recorded process and the process group of the run's tree (a run row and the
+    # run a sweep item started). Columns are only added: no row is rewritten.
     6: """
+    ALTER TABLE runs ADD COLUMN pid_started REAL;
+    ALTER TABLE runs ADD COLUMN pgid INTEGER;
+    ALTER TABLE sweep_items ADD COLUMN owner_started REAL;
+    ALTER TABLE sweep_items ADD COLUMN run_pgid INTEGER;
+    """,
+    # v7: a run is a run or a tune trial (kept out of reports and scores unless asked for); the trials
+    # stored before v7 are recognised by the eval interval `trainperf tune` gives them (no eval at all)
+    7: """
     ALTER TABLE runs ADD COLUMN purpose TEXT NOT NULL DEFAULT 'run' CHECK (purpose IN ('run', 'trial'));
     UPDATE runs SET purpose = 'trial' WHERE spec_json LIKE '%"every_samples": 1000000000%';
     """,
@@ -150,32 +162,27 @@ class StoreError(RuntimeError):
     pass
 
 
-def pid_namespace() -> str | None:
-    """This process's PID namespace ('pid:[4026531836]'), None where /proc has none (not Linux)."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _is_ours_and_dead(host: str | None, pid_ns: str | None, pid: int | None) -> bool:
-    """A process recorded as (host, PID namespace, pid) that is known gone. Another host's, or another
-    namespace's, cannot be asked: it is not known gone. Rows from before v5 have no namespace."""
+def _is_ours_and_dead(host: str | None, pid_ns: str | None, pid: int | None, started: float | None = None) -> bool:
+    """A process recorded as (host, PID namespace, pid, start time) that is known gone. Another host's,
+    or another namespace's, cannot be asked: it is not known gone. Rows from before v5 have no
+    namespace, from before v6 no start time (a pid reused since then then looks alive)."""
     if host != socket.gethostname() or pid is None:
         return False
     if pid_ns is not None and pid_ns != pid_namespace():
         return False
-    return not _pid_alive(pid)
+    return not process_alive(pid, started)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+def run_may_be_alive(row: dict) -> bool:
+    """Whether any process of a run may still be running: its recorded process (pid and start time),
+    or a living member of its process group. Another host's or namespace's run may always be."""
+    if row.get("host") != socket.gethostname() or row.get("pid") is None:
         return True
-    return True
+    if row.get("pid_ns") is not None and row["pid_ns"] != pid_namespace():
+        return True
+    if process_alive(row["pid"], row.get("pid_started")):
+        return True
+    return row.get("pgid") is not None and process_group_alive(row["pgid"])
 
 
 def require_existing_store(path: str | os.PathLike, used_by: str) -> None:
@@ -207,6 +214,9 @@ def check_store_path(path: str | os.PathLike) -> None:
     if not os.access(ancestor, os.W_OK):
         raise StoreError(f"results store {str(path)!r}: {str(ancestor)!r} is not writable; give a --db path in a "
                          "folder you can write")
+    if shutil.disk_usage(ancestor).free < MIN_FREE_BYTES_NEW_STORE:
+        raise StoreError(f"results store {str(path)!r}: less than {MIN_FREE_BYTES_NEW_STORE // 2**20} MiB free on "
+                         f"the file system of {str(ancestor)!r}; free space or give another --db")
 
 
 class Store:
@@ -231,18 +241,43 @@ class Store:
                     raise StoreError(f"results store {str(self.path)!r} is read-only here ({str(where)!r} is not "
                                      "writable); copy it to a folder you can write and give that as --db")
                 self.writable = False
+        existed = self.path.exists()
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             self.conn.execute("PRAGMA foreign_keys = ON")
+            self._check_integrity()
             if self.writable:
                 self._switch_to_wal()
                 self._migrate()
             elif self.schema_version > SCHEMA_VERSION:
                 raise _newer_schema(self.path, self.schema_version)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc})") from None
+        except (sqlite3.DatabaseError, StoreError) as exc:
+            if getattr(self, "conn", None) is not None:
+                self.conn.close()
+            if isinstance(exc, StoreError):  # refused as it is (a damaged file, a newer schema)
+                raise
+            if not existed:  # a store that could not be made (a full disk) leaves no file behind
+                for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                    leftover.unlink(missing_ok=True)
+            if "readonly" in str(exc).replace("-", "").replace(" ", ""):
+                raise StoreError(f"results store {str(self.path)!r} is read-only here ({exc}); copy it to a folder "
+                                 "you can write and give that as --db") from None
+            raise StoreError(f"results store {str(self.path)!r} is not a usable SQLite database ({exc}); nothing "
+                             "was written to it; give another --db, or restore it from a copy") from None
+
+    def _check_integrity(self) -> None:
+        """SQLite's own consistency check of every page (``PRAGMA quick_check``: b-trees, records, no
+        index comparison) before anything reads or writes: a damaged file is refused, never written."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return  # a new store
+        problems = [r[0] for r in self.conn.execute("PRAGMA quick_check(3)").fetchall()]
+        if problems != ["ok"]:
+            found = " ".join("; ".join(problems).split())  # SQLite's report spans lines: one line here
+            raise StoreError(f"results store {str(self.path)!r} is damaged (database disk image is malformed; "
+                             f"quick_check: {found[:160]}); nothing was written to it; restore it from a backup or "
+                             "give another --db")
 
     def _switch_to_wal(self) -> None:
         """Put the file in WAL mode once; it stays so.
@@ -288,6 +323,24 @@ class Store:
                         c.execute(stmt)
                 c.execute(f"PRAGMA user_version = {v}")
 
+    def check_cell_types(self, tables: tuple[str, ...] = ("runs", "evals", "steps")) -> None:
+        """StoreError naming the first table and column holding a cell of another type than the column's
+        (SQLite stores what it is given: a text in a REAL column, written by another tool, would break
+        whatever formats it)."""
+        allowed = {"REAL": ("real", "integer", "null"), "INTEGER": ("integer", "null"), "TEXT": ("text", "null")}
+        for table in tables:
+            columns = [(r["name"], r["type"].upper()) for r in self.conn.execute(f"PRAGMA table_info({table})")]
+            checked = [(name, allowed[kind]) for name, kind in columns if kind in allowed]
+            counts = self.conn.execute("SELECT " + ", ".join(
+                f"SUM(typeof({name}) NOT IN ({', '.join(repr(t) for t in ok)}))" for name, ok in checked)
+                + f" FROM {table}").fetchone()
+            for (name, ok), bad in zip(checked, counts):
+                if bad:
+                    kind = dict(columns)[name]
+                    raise StoreError(f"results store {str(self.path)!r}: {bad} cell(s) of {table}.{name} are not "
+                                     f"{kind} values; the store was changed by something other than trainperf -- "
+                                     "fix or remove those rows, or give another --db")
+
     @property
     def schema_version(self) -> int:
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
@@ -298,18 +351,25 @@ class Store:
                    division: str, comparable: bool, target: float, out_dir: str,
                    hardware: dict | None = None, software: dict | None = None, git_sha: str | None = None,
                    pid: int | None = None, purpose: str = "run") -> None:
+        """The run's row, 'running', owned by process ``pid`` (this one by default) of this host, with
+        that process's start time and process group: what tells later whether the run may be alive."""
+        pid = pid if pid is not None else os.getpid()
+        try:
+            pgid = os.getpgid(pid)
+        except OSError:
+            pgid = None
         with self.transaction() as c:
             c.execute(
                 """INSERT INTO runs (run_id, created_at, workload, status, division, comparable, spec_json, layout,
-                   world_size, hardware_json, software_json, git_sha, host, pid, pid_ns, target, out_dir, purpose)
-                   VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   world_size, hardware_json, software_json, git_sha, host, pid, pid_ns, pid_started, pgid, target,
+                   out_dir, purpose) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (run_id, time.time(), workload, division, int(comparable), json.dumps(spec, sort_keys=True), layout,
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
-                 pid if pid is not None else os.getpid(), pid_namespace(), target, out_dir, purpose),
+                 pid, pid_namespace(), process_start_time(pid), pgid, target, out_dir, purpose),
             )
 
     def update_run_info(self, run_id: str, **fields: Any) -> None:
-        allowed = {"hardware_json", "software_json", "pid", "predicted_step_time_s", "predicted_peak_gib"}
+        allowed = {"hardware_json", "software_json", "pid", "pgid", "predicted_step_time_s", "predicted_peak_gib"}
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update {sorted(bad)}")
@@ -318,17 +378,23 @@ class Store:
                 c.execute(f"UPDATE runs SET {k} = ? WHERE run_id = ?", (v, run_id))
 
     def finish_run(self, run_id: str, eval_rows: list[dict] | None = None, step_rows: list[dict] | None = None,
-                   **result: Any) -> None:
-        """Write the run's outcome, its evals and sampled steps in one transaction."""
+                   owner_pid: int | None = None, **result: Any) -> bool:
+        """Write the run's outcome, its evals and sampled steps in one transaction -- only while the row is
+        still 'running' and, given ``owner_pid``, owned by that process (the one that created the row). A
+        row already ended (marked failed because its launcher died, say) is left as it is: False."""
         bad = set(result) - set(RUN_RESULT_FIELDS)
         if bad:
             raise StoreError(f"unknown run result fields {sorted(bad)}")
         result.setdefault("finished_at", time.time())
         cols = ", ".join(f"{k} = ?" for k in result)
+        owned = "" if owner_pid is None else " AND pid = ?"
         with self.transaction() as c:
-            cur = c.execute(f"UPDATE runs SET {cols} WHERE run_id = ?", (*result.values(), run_id))
-            if cur.rowcount != 1:
+            if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise StoreError(f"run {run_id!r} is not in the store")
+            cur = c.execute(f"UPDATE runs SET {cols} WHERE run_id = ? AND status = 'running'{owned}",
+                            (*result.values(), run_id, *([] if owner_pid is None else [owner_pid])))
+            if cur.rowcount != 1:
+                return False
             for e in eval_rows or []:
                 c.execute("INSERT OR REPLACE INTO evals VALUES (?, ?, ?, ?, ?)",
                           (run_id, e["samples_count"], e["step"], e["eval_loss"], e["elapsed_s"]))
@@ -336,6 +402,7 @@ class Store:
                 c.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                           (run_id, s["step"], s["samples"], s.get("loss"), s.get("lr"), s.get("grad_norm"),
                            s.get("step_time_s"), s.get("tokens_per_s")))
+        return True
 
     def mark_failed_if_running(self, run_id: str, reason: str) -> bool:
         with self.transaction() as c:
@@ -352,13 +419,14 @@ class Store:
             return cur.rowcount == 1
 
     def reap_dead_runs(self) -> list[str]:
-        """Rows left 'running' by a process of this host (and PID namespace) that is gone become 'failed'
-        (not in a store opened read-only: a reader shows them as they are)."""
+        """Rows left 'running' by a process of this host (and PID namespace) that is gone, with no living
+        process left in its group, become 'failed' (not in a store opened read-only: a reader shows them
+        as they are)."""
         if not self.writable:
             return []
-        rows = self.conn.execute("SELECT run_id, host, pid_ns, pid FROM runs WHERE status = 'running' AND host = ?",
-                                 (socket.gethostname(),)).fetchall()
-        dead = [r["run_id"] for r in rows if _is_ours_and_dead(r["host"], r["pid_ns"], r["pid"])]
+        rows = self.conn.execute("SELECT run_id, host, pid_ns, pid, pid_started, pgid FROM runs WHERE status = "
+                                 "'running' AND host = ?", (socket.gethostname(),)).fetchall()
+        dead = [r["run_id"] for r in rows if not run_may_be_alive(dict(r))]
         for run_id in dead:
             self.mark_failed_if_running(run_id, "the process running it died before it finished")
         return dead
@@ -406,27 +474,56 @@ class Store:
     def claim_sweep_item(self, sweep_id: str, item_id: str, take_over: bool = False) -> dict | None:
         """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
         or 'running' for a process known gone (an interrupted sweep), or ``take_over`` (the user knows its
-        holder is gone: another host's, or a pid reused since). The claimed row, or None when it is
-        finished or another live process (or one that cannot be asked) holds it."""
+        holder is gone: another host's, or a pid reused since). Never while the item's previous run may
+        still be alive (its process group, or its run row's process), take_over or not. The claimed row,
+        or None when it is finished or held (``sweep_item_holder`` says by what)."""
         with self.transaction() as c:
             row = c.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?", (sweep_id, item_id)).fetchone()
             if row is None or row["status"] in ("success", "failed"):
                 return None
             if row["status"] == "running" and row["owner_pid"] is not None and not take_over and not _is_ours_and_dead(
-                    row["owner_host"], row["owner_pid_ns"], row["owner_pid"]):
+                    row["owner_host"], row["owner_pid_ns"], row["owner_pid"], row["owner_started"]):
+                return None
+            if self._previous_run_alive(dict(row)):
                 return None
             c.execute("UPDATE sweep_items SET status = 'running', reason = NULL, started_at = ?, owner_host = ?, "
-                      "owner_pid_ns = ?, owner_pid = ? WHERE sweep_id = ? AND item_id = ?",
-                      (time.time(), socket.gethostname(), pid_namespace(), os.getpid(), sweep_id, item_id))
+                      "owner_pid_ns = ?, owner_pid = ?, owner_started = ?, run_pgid = NULL WHERE sweep_id = ? AND "
+                      "item_id = ?", (time.time(), socket.gethostname(), pid_namespace(), os.getpid(),
+                                      process_start_time(os.getpid()), sweep_id, item_id))
         out = dict(row) | {"status": "running"}
         out["overrides"] = json.loads(out.pop("overrides_json"))
         return out
 
+    def _previous_run_alive(self, item: dict) -> str | None:
+        """What of an item's previous run may still be running on this host: its process group (started
+        by a sweep that is gone), or its run row's process; None if nothing."""
+        same_place = item.get("owner_host") == socket.gethostname() and item.get("owner_pid_ns") in (None, pid_namespace())
+        if same_place and item.get("run_pgid") is not None and process_group_alive(item["run_pgid"]):
+            return f"its previous run's processes (process group {item['run_pgid']}) are still running"
+        if item.get("run_id"):
+            run = self.conn.execute("SELECT * FROM runs WHERE run_id = ?", (item["run_id"],)).fetchone()
+            if run is not None and run["status"] == "running" and run_may_be_alive(dict(run)):
+                return (f"its previous run {item['run_id']} is still running (host {run['host']}, pid {run['pid']}, "
+                        f"process group {run['pgid']})")
+        return None
+
+    def set_sweep_item_run_group(self, sweep_id: str, item_id: str, pgid: int) -> None:
+        """The process group of the run a sweep started for an item: a resumed sweep waits for it."""
+        with self.transaction() as c:
+            c.execute("UPDATE sweep_items SET run_pgid = ? WHERE sweep_id = ? AND item_id = ?", (pgid, sweep_id, item_id))
+
     def sweep_item_holder(self, sweep_id: str, item_id: str) -> str | None:
-        """'host H, pid P' of the process an unfinished item is claimed by, None if it is not."""
-        row = self.conn.execute("SELECT status, owner_host, owner_pid FROM sweep_items WHERE sweep_id = ? AND "
-                                "item_id = ?", (sweep_id, item_id)).fetchone()
-        if row is None or row["status"] != "running" or row["owner_pid"] is None:
+        """What holds an unfinished item: 'host H, pid P' of the process it is claimed by (unless known
+        gone), or its previous run still alive; None if nothing does."""
+        row = self.conn.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?",
+                                (sweep_id, item_id)).fetchone()
+        if row is None or row["status"] in ("success", "failed"):
+            return None
+        alive = self._previous_run_alive(dict(row))
+        if alive:
+            return alive
+        if row["status"] != "running" or row["owner_pid"] is None or _is_ours_and_dead(
+                row["owner_host"], row["owner_pid_ns"], row["owner_pid"], row["owner_started"]):
             return None
         return f"host {row['owner_host']}, pid {row['owner_pid']}"
 

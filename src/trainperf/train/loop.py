@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class RunContext:
     db_path: str | None
     progress: bool | str = False  # 'bar' (a terminal), 'lines' (a log file or pipe) or 'off'; True is 'bar'
     create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
+    owner_pid: int | None = None  # the process that created the store row (its launcher); None: this one
     last_step: int = 0  # the last optimizer step every rank completed (for a hung run's record)
     hooks: RunHooks = field(default_factory=RunHooks)  # what the caller lends: prediction, profiler, live metrics
     metrics: MetricsServer | None = None  # the live-metrics server while the run trains
@@ -262,8 +264,9 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         if ctx.metrics is not None:
             ctx.metrics.close()
     if store:
-        store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, **summary.result_columns(),
-                         summary_path=str(ctx.out_dir / "summary.json"))
+        _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
+                                                 owner_pid=ctx.owner_pid or os.getpid(), **summary.result_columns(),
+                                                 summary_path=str(ctx.out_dir / "summary.json")))
         store.close()
     if is_main:
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
@@ -291,7 +294,16 @@ def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: Ba
         reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
                   f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
     if store:
-        store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps, status=status, status_reason=reason)
+        _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
+                                                 owner_pid=ctx.owner_pid or os.getpid(), status=status,
+                                                 status_reason=reason))
+
+
+def _report_unrecorded(ctx: RunContext, recorded: bool) -> None:
+    """The store keeps the first end of a run: one already ended (its launcher died) is not rewritten."""
+    if not recorded:
+        print(f"trainperf: run {ctx.run_id} had already been ended in the store (its launcher is gone); this "
+              "rank's result was not recorded there", file=sys.stderr)
 
 
 def dump_flight_recorder(dump_dir: Path, rank: int) -> Path | None:
