@@ -149,9 +149,12 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None,
+                   counted_elsewhere: list[torch.nn.Parameter] = ()) -> torch.Tensor:
     """Clip the global gradient norm to max_norm; returns the norm before clipping. Sharded (DTensor)
-    gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group."""
+    gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group.
+    ``counted_elsewhere``: copies whose gradient another stage's norm already holds (a GPT's tied
+    output layer on the last stage), clipped but not counted twice."""
     from torch.distributed.tensor import DTensor
 
     # grads live on different meshes (FSDP-only vs FSDP x TP): one norm per mesh, then combined
@@ -160,8 +163,12 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
         if q.grad is not None:
             by_mesh.setdefault(q.grad.device_mesh if isinstance(q.grad, DTensor) else None, []).append(q)
     squared = torch.zeros((), device=params[0].device if params else "cpu")
+    skip = {id(q) for q in counted_elsewhere}
     for group in by_mesh.values():
-        n = torch.nn.utils.get_total_norm([q.grad for q in group], norm_type=2.0, foreach=True)
+        counted = [q.grad for q in group if id(q) not in skip]
+        if not counted:
+            continue
+        n = torch.nn.utils.get_total_norm(counted, norm_type=2.0, foreach=True)
         squared = squared + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
     if pp_group is not None:
         dist.all_reduce(squared, group=pp_group)
@@ -470,7 +477,7 @@ class _Run:
         micro = [(ids[pos], mask[pos])
                  for pos in split_local(torch.arange(len(rows)), self.dp_rank, self.dp, t.micro_batch_size)]
         loss_local = engine.train_step(micro, global_tokens)
-        grad_norm = clip_gradients(self.trainable, t.grad_clip, self.pp_group)
+        grad_norm = clip_gradients(self.trainable, t.grad_clip, self.pp_group, engine.tied_copies)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         set_lr(self.opt, lr_at(step, t))

@@ -34,6 +34,10 @@ WORKLOADS: dict[str, Workload] = {
         Workload("mini-pretrain",
                  "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
                  mini.mini_pretrain_defaults, mini.prepare_mini_pretrain),
+        Workload("mini-gpt-pretrain",
+                 "Pretrain a 2-layer GPT (LayerNorm, GeLU, learned positions, tied padded vocabulary) on Markov-chain "
+                 "text to its known optimal loss + 0.10 (CPU-sized, open division)",
+                 mini.mini_gpt_pretrain_defaults, mini.prepare_mini_pretrain),
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
                  mini.mini_lora_defaults, mini.prepare_mini_lora),
