@@ -106,8 +106,14 @@ def _resolve_inputs(args):
         raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
     if args.samples is not None and not args.samples > 0:
         raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
+    # gpt3 / llama31_405b derive the rate and schedule from the GBS (torch-free, as the planner)
+    from trainperf.mlperf.recipes import apply_gbs_schedule
+
     # resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8
-    return resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+    defaults = get_workload(args.workload).defaults()
+    spec = resolve_spec(defaults, args.config, args.overrides)
+    apply_gbs_schedule(spec, defaults)
+    return spec
 
 
 def _pick_gpu(args):

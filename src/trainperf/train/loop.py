@@ -43,7 +43,7 @@ from trainperf.core.spec import (
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
 from trainperf.mlperf.log import KEYS, RunLog
-from trainperf.mlperf.recipes import hyperparameter_events
+from trainperf.mlperf.recipes import hyperparameter_events, progress_count
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
 from trainperf.parallel.parallelize import build_mesh
@@ -512,7 +512,7 @@ class _Run:
         rank decides the same."""
         log, e = self.log, self.spec.eval
         self.step_log.flush()
-        epoch_num = samples / len(self.train_split)
+        epoch_num = progress_count(self.spec, samples, len(self.train_split))  # gpt3: tokens, as its RCPs
         log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
         log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
         eval_loss = evaluate(self.engine, self.val_split, self.val_batches, self.device)
@@ -545,7 +545,8 @@ class _Run:
             f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
             f"({outcome.evals_done} evals, last {last if last is None else round(last, 4)})")
         samples = outcome.last_step * t.global_batch_size
-        self.log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=samples / len(self.train_split))
+        self.log.end(KEYS.BLOCK_STOP, samples_count=samples,
+                     epoch_num=progress_count(self.spec, samples, len(self.train_split)))
         self.log.end(KEYS.RUN_STOP, last, samples_count=samples, status="aborted")
 
     def memory_peaks(self) -> tuple[float, float, torch.Tensor]:
