@@ -110,7 +110,7 @@ def layer_gemms(spec: RunSpec, tokens: float) -> list[tuple[float, float, float]
     names = ["qkv_proj"] if m.fused_qkv else ["q_proj", "k_proj", "v_proj"]
     proj = _projections(m)
     out = []
-    for name in names + ["o_proj", "gate_proj", "up_proj", "down_proj"]:
+    for name in [n for n in names + ["o_proj", "gate_proj", "up_proj", "down_proj"] if n in proj]:  # GPT: no gate
         i, o, column = proj[name]
         i, o = (i, o / t) if column else (i / t, o)
         out += [(tokens, i, o), (tokens, o, i)] + ([] if spec.lora.enabled else [(i, tokens, o)])
@@ -164,7 +164,8 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     if mode == "full":
         return 2.0 * h / seq_split
     if mode == "selective":
-        base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
+        mlp_outs = 1 if m.family == "gpt" else 2  # GPT: linear_fc1 alone; Llama: gate and up
+        base_out = 2.0 * (q_out + 2 * kv_out + mlp_outs * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         # context parallel: ring attention issues one attention kernel per ring step and the policy
         # saves each one's output, not only the merged result -- c of them (an upper bound: with load
