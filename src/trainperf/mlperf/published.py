@@ -12,7 +12,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainperf.core import flops as metrics
 from trainperf.core.errors import SpecError
+from trainperf.core.hardware import peak_flops_for
+from trainperf.core.spec import RunSpec
 from trainperf.mlperf.recipes import RECIPES
 
 
@@ -43,7 +46,7 @@ LLAMA2_70B_LORA = [
 
 
 EXPORT_LINE = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-SOURCE_LINE = re.compile(r"^\s*source\s+\S*/([A-Za-z0-9_.-]+\.sh)\s*$")
+SOURCE_LINE = re.compile(r"^\s*source\s+.*?/?([A-Za-z0-9_.-]+\.sh)\s*$")  # source $(dirname ${BASH_SOURCE[0]})/x.sh
 DEFAULT_LINE = re.compile(r'^\s*:\s*"\$\{([A-Za-z_][A-Za-z0-9_]*):=([^}]*)\}"')
 # the config variables that name each layout field, first found wins (NeMo's LoRA and pretraining
 # scripts spell them differently)
@@ -220,7 +223,7 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
     return None, {}, "; ".join(reasons) or "no config_*.sh under benchmarks/<benchmark>/implementations"
 
 
-def run_spec_dict(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> dict:
+def run_spec(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> RunSpec:
     """The run as a trainperf spec: the benchmark's recipe at this GBS with the published layout."""
     recipe = RECIPES[benchmark]
     spec = recipe(gbs) if benchmark in ("gpt3", "llama31_405b") else recipe()
@@ -235,8 +238,13 @@ def run_spec_dict(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> d
         p.pp_stages_per_rank = lay["vp"] if lay["vp"] > 1 else 0
     spec.hardware.device = "cuda"
     spec.hardware.fp8 = "tensorwise" if lay["fp8"] else "none"
+    # none of the configs asks for activation recomputation (Megatron's default is none), and an FP8
+    # LoRA run keeps its frozen base in FP8 (Transformer Engine's fp8 weights)
+    spec.train.recompute = "none"
+    if spec.lora.enabled and lay["fp8"]:
+        spec.hardware.frozen_dtype = "fp8"
     spec.mlperf.comparable = False  # another engine's run: compared, not scored as ours
-    return spec.to_dict()
+    return spec
 
 
 def read_submissions(paths: list[str], default_ruleset: str) -> tuple[list[ImportedRun], list[str]]:
@@ -318,16 +326,18 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
         return item
     item.engine = engine_name(config.parent, system) or "unknown"
     seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
-    spec = run_spec_dict(benchmark, gbs, seq, lay)
-    seq = spec["data"]["seq_len"]
+    spec = run_spec(benchmark, gbs, seq, lay)
+    seq = spec.data.seq_len
     tokens_per_s = gbs * seq / step_s
+    # MFU as for our runs: the model's own FLOPs against the dense bf16 peak (989 TFLOP/s for H100/H200)
+    flops = metrics.train_flops_per_token(spec.model, spec.lora, seq) * tokens_per_s / gpus
     key = "/".join([where, log.name])
     item.row = {
         "run_id": "imp-" + hashlib.sha1(key.encode()).hexdigest()[:12],
         "created_at": (run.run_start_ms or 0.0) / 1000, "finished_at": (run.run_stop_ms or 0.0) / 1000 or None,
         "workload": benchmark, "status": "success" if run.success else "failed",
         "status_reason": None if run.success else run.failure, "division": run.division, "comparable": 0,
-        "spec_json": json.dumps(spec, sort_keys=True), "layout": layout_label(lay), "world_size": gpus,
+        "spec_json": json.dumps(spec.to_dict(), sort_keys=True), "layout": layout_label(lay), "world_size": gpus,
         "hardware_json": json.dumps({"device": "cuda", "gpu": accelerator, "gpus": gpus, "nodes": nodes,
                                      "gpus_per_node": per_node, "system": system.get("system_name", system_name),
                                      "network": system.get("host_networking", ""),
@@ -338,7 +348,8 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
                                      if lay["fp8"] else "bf16"}),
         "time_to_train_s": run.minutes * 60 if run.success else None,
         "samples_to_target": run.samples_to_converge, "step_time_s": step_s, "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_gpu": tokens_per_s / gpus, "out_dir": str(log.parent), "mllog_path": str(log),
+        "tokens_per_s_per_gpu": tokens_per_s / gpus, "model_tflops_per_gpu": flops / 1e12,
+        "mfu": metrics.mfu(1.0, flops, peak_flops_for(accelerator)), "out_dir": str(log.parent), "mllog_path": str(log),
         "engine": item.engine,
     }
     return item

@@ -457,12 +457,15 @@ def add_tp_cp_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int,
         a_bytes = b * (S / c) * h * 2.0
         tp_bytes = 8 * (t - 1) / t * a_bytes * s.L_rank
         est.comm["tp"] = tp_bytes * s.mb
-        micro.tp = tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * s.L_rank * (s.tokens_mb / 8192)
+        micro.tp = gpu.tp_comm_exposed * tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * s.L_rank * (s.tokens_mb / 8192)
     if c > 1:  # ring attention: 3 (c-1) KV chunks per layer (Megatron context_parallel.md)
-        kv = 2.0 * b * (S / c) * m.num_kv_heads * m.head_dim * 2.0 * (m.num_heads // m.num_kv_heads)
+        # K and V of this TP rank's heads (this engine expands GQA's KV heads before the ring; an
+        # engine that rings the KV heads themselves sets gpu.cp_ring_expanded_kv = 0)
+        heads = m.num_kv_heads * (m.num_heads // m.num_kv_heads if gpu.cp_ring_expanded_kv else 1)
+        kv = 2.0 * b * (S / c) * heads * m.head_dim * 2.0 / t
         cp_bytes = 3 * (c - 1) * kv * s.L_rank
         est.comm["cp"] = cp_bytes * s.mb
-        micro.cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * micro.attention)
+        micro.cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c, c) - gpu.comm_overlap * micro.attention)
 
 
 def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
@@ -480,17 +483,19 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
     point-to-point sends, the optimizer step."""
     p, tr, t, c, d, R, pp, mb = spec.parallel, spec.train, s.t, s.c, s.d, s.R, s.pp, s.mb
     t_fsdp = 0.0
-    if d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
+    if d > 1 and gpu.data_parallel == "distributed_optimizer":
+        t_fsdp = distributed_optimizer_seconds(spec, s, gpu, gpus_per_node, t_micro, est)
+    elif d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
         gather = 2 * (d - 1) / d * 2.0 * (s.L_rank * s.p_layer + s.p_edge) / t
         rs = (d - 1) / d * 4.0 * s.psi_train / t
         fsdp_bytes = (gather + rs) * mb
         est.comm["fsdp"] = fsdp_bytes
-        t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard) - gpu.comm_overlap * t_micro * mb)
+        t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard, d) - gpu.comm_overlap * t_micro * mb)
     t_dp = 0.0
     if R > 1:  # HSDP replicas all-reduce the (sharded) fp32 grads once per step
         dp_bytes = 2 * (R - 1) / R * 4.0 * s.psi_train / (t * d)
         est.comm["dp"] = dp_bytes
-        t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R) - gpu.comm_overlap * t_micro)
+        t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R, R) - gpu.comm_overlap * t_micro)
     t_pp = 0.0
     t_bubble = 0.0
     if pp > 1:  # 1F1B/GPipe bubble (p-1)/m, interleaved (p-1)/(v m): Narayanan et al. 2021 2.2
@@ -500,7 +505,22 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
         t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
     t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * s.psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
         + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
-    return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt}
+    return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt,
+            "step_fixed": gpu.step_overhead_s}
+
+
+def distributed_optimizer_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_micro: float,
+                                  est: Estimate) -> float:
+    """Megatron's distributed optimizer (ZeRO-1; NeMo's USE_DIST_OPTIMIZER): weights stay whole on every
+    data-parallel rank; once per step the bf16 gradients of the trained parameters are reduce-scattered
+    and the updated ones all-gathered (one byte each with FP8 parameters), bucket by bucket under the
+    last micro-batch's backward and the next step's first forward (overlap_grad_reduce,
+    overlap_param_gather). The data-parallel group includes the context-parallel ranks."""
+    p, d, t = spec.parallel, s.d, s.t
+    param_bytes = 1.0 if spec.hardware.fp8 != "none" else 2.0
+    dp_bytes = (d - 1) / d * (2.0 + param_bytes) * s.psi_train / t
+    est.comm["dp"] = dp_bytes
+    return max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * t_micro)
 
 
 def add_host_wait(spec: RunSpec, s: RankShape, gpu: GPU, est: Estimate) -> None:
@@ -635,10 +655,20 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
     return micro_batches * layers_per_rank * per_layer
 
 
-def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:
-    """busbw (bytes/s) of a group whose ranks span ``span`` consecutive GPUs: NVLink inside a node,
-    the NIC once the group crosses nodes."""
-    return (gpu.intra_busbw_gbps if span <= gpus_per_node else gpu.inter_busbw_gbps) * 1e9
+def _bw(gpu: GPU, gpus_per_node: int, span: int, members: int = 0) -> float:
+    """busbw (bytes/s) of a group of ``members`` ranks spread evenly over ``span`` consecutive GPUs:
+    NVLink inside the NVLink domain (a node, or gpu.nvlink_domain if smaller); across domains NCCL's
+    hierarchical algorithms move the data over NVLink first and only 1/k of it over the NICs, k being
+    the group's GPUs per domain (each GPU on its own NIC: rail-optimized, as HGX clusters are cabled).
+    ``members`` 0: one GPU per domain (a point-to-point send, or a group strided past the domain)."""
+    domain = max(1, min(gpus_per_node, int(gpu.nvlink_domain)))
+    intra = gpu.intra_busbw_gbps * 1e9
+    if span <= domain:
+        return intra
+    stride = max(1, span // max(members, 1))
+    k = max(1, domain // stride) if members and stride < domain else 1
+    inter = gpu.inter_busbw_gbps * 1e9
+    return 1.0 / (1.0 / (k * inter) + (1.0 / intra if k > 1 else 0.0))
 
 
 def trained_tensors(spec: RunSpec) -> int:

@@ -18,6 +18,9 @@ from trainperf.core.hardware import DATASHEETS, Datasheet
 from trainperf.plan.kernels import load_table
 
 
+DATA_PARALLEL_MODES = ("fsdp2", "distributed_optimizer")
+
+
 @dataclass(frozen=True)
 class GPU(Datasheet):
     """A datasheet plus what the engine reaches on it."""
@@ -58,6 +61,24 @@ class GPU(Datasheet):
     # preset's kernel table gives 2.12, set there).
     cp_attn_slowdown: float = 2.3
     comm_overlap: float = 0.8  # fraction of FSDP/DP/CP traffic hidden under compute
+    # share of the tensor-parallel collectives on the critical path: 1 for this engine's eager DTensor
+    # (nothing overlaps them); an engine that overlaps them with the GEMMs (Transformer Engine's
+    # userbuffers) exposes less -- its profile says how much (plan/engines.py)
+    tp_comm_exposed: float = 1.0
+    # GPUs one NVLink domain joins (HGX boards: the node's 8; H200 NVL: bridges of 4; GB200 NVL72: 72);
+    # collectives inside it run at intra_busbw_gbps, across it hierarchically over the NICs
+    nvlink_domain: float = 8.0
+    # seconds every optimizer step costs whatever its size (gradient-norm and loss reductions, the
+    # first and last gradient buckets no compute hides, the step's synchronisation): 0 for this engine,
+    # whose host constants carry it; fitted in another engine's profile
+    step_overhead_s: float = 0.0
+    # how the data-parallel ranks share the model: fsdp2 (this engine: weights, gradients and optimizer
+    # states sharded; weights gathered per micro-batch) or distributed_optimizer (Megatron's ZeRO-1:
+    # weights whole, gradients reduce-scattered and weights gathered once per step)
+    data_parallel: str = "fsdp2"
+    # context parallelism's ring sends K and V expanded to every query head (1: this engine) or the
+    # KV heads themselves (0: Transformer Engine)
+    cp_ring_expanded_kv: float = 1.0
     # train.compile (per-layer torch.compile) fuses the eager non-GEMM work: the fraction of it that
     # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled) with the
     # flat rates (0.46 with the H200's kernel table, set in its preset).
@@ -170,9 +191,13 @@ def load_gpu(name_or_file: str) -> GPU:
     if bad:
         raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
     try:
-        values = {k: (str(v) if k == "name" else v if k == "kernel_table" else float(v)) for k, v in data.items()}
+        values = {k: (str(v) if k in ("name", "data_parallel") else v if k == "kernel_table" else float(v))
+                  for k, v in data.items()}
     except (TypeError, ValueError):
-        raise SpecError(f"--gpu {name_or_file!r}: every field but name and kernel_table must be a number") from None
+        raise SpecError(f"--gpu {name_or_file!r}: every field but name, data_parallel and kernel_table must be a number") from None
+    if values.get("data_parallel", "fsdp2") not in DATA_PARALLEL_MODES:
+        raise SpecError(f"--gpu {name_or_file!r}: data_parallel {values['data_parallel']!r}; valid: "
+                        f"{', '.join(DATA_PARALLEL_MODES)}")
     if "kernel_table" in values:
         values["kernel_table"] = _checked_kernel_table(values["kernel_table"], p.parent, name_or_file)
     return dataclasses.replace(base, **values)
