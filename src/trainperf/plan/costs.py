@@ -277,8 +277,9 @@ def forward_seconds(mb: MicroBatchSeconds, lin_mult: float) -> float:
 def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     s = rank_shape(spec)
     est = Estimate()
-    est.memory.update(weight_memory(spec, s))
-    layer_set = activation_memory(spec, s, est)
+    megatron = gpu.data_parallel == "distributed_optimizer"
+    est.memory.update(distributed_optimizer_memory(spec, s) if megatron else weight_memory(spec, s))
+    layer_set = activation_memory(spec, s, est, megatron_activation_bytes_per_token_layer(spec) if megatron else None)
     micro = compute_seconds(spec, s, gpu)
     add_recompute_seconds(spec, s, gpu, micro)
     add_offload_seconds(spec, s, gpu, gpus_per_node, layer_set, micro, est)
@@ -331,11 +332,51 @@ def inflight_layers(spec: RunSpec, s: RankShape) -> float:
     return s.L_rank * min(s.pp, s.mb) * (1 + (s.pp - 1) / (s.pp * s.v) if s.v > 1 else 1)
 
 
-def activation_memory(spec: RunSpec, s: RankShape, est: Estimate) -> float:
+def distributed_optimizer_memory(spec: RunSpec, s: RankShape) -> dict[str, float]:
+    """Megatron's distributed optimizer (ZeRO-1): every data-parallel rank holds its TP/PP share of the
+    weights (bf16, or one byte with FP8 parameters / an FP8 frozen base) and of the trained parameters'
+    bf16 gradient buffer; the fp32 master copy and both AdamW moments (12 B) are split over the
+    data-parallel group (context-parallel ranks included)."""
+    lo, t, d = spec.lora, s.t, s.d
+    fp8_weights = spec.hardware.fp8 != "none" or spec.hardware.frozen_dtype == "fp8"
+    weight_bytes = 1.0 if fp8_weights else 2.0
+    frozen = s.psi - s.psi_train if lo.enabled else 0.0
+    edge = s.p_edge * (2.0 - weight_bytes)  # the embedding and LM head stay bf16
+    return {"weights": (weight_bytes * (s.psi_train + frozen) + edge) / t,
+            "grads_bf16": 2.0 * s.psi_train / t,
+            "optimizer_states": (4.0 + OPTIMIZER_STATE_BYTES[spec.train.optimizer]) * s.psi_train / (t * d)}
+
+
+def megatron_activation_bytes_per_token_layer(spec: RunSpec) -> float:
+    """Bytes a Megatron / Transformer Engine decoder layer keeps for backward per token, with fused
+    attention (no S^2 term): Korthikanti et al. 2022's 34 h (/ t with sequence parallelism), written out
+    for GQA and a gated MLP. Per block: the norm's input (2 h) and the GEMM input it feeds (one byte
+    per element under FP8, Transformer Engine keeps the cast copy), on the sequence shard with SP;
+    attention: q, k, v, its output (bf16 for the kernel's backward, plus o_proj's GEMM input) and the
+    log-sum-exp; MLP: the up-projections' outputs and the activation's output (down_proj's input).
+    Under full recomputation only the layer input."""
+    m, p = spec.model, spec.parallel
+    seq_split = p.tp if p.sp else 1  # norms and GEMM inputs: split with SP, whole on every TP rank without
+    h, f, q, kv = m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if spec.train.recompute == "full":
+        return 2.0 * h / seq_split
+    g = 1.0 if spec.hardware.fp8 != "none" else 2.0  # bytes per element of a saved GEMM input
+    mlp_outs = 1 if m.family == "gpt" else 2  # GPT: one up-projection; Llama: gate and up
+    attention = (2.0 + g) * h / seq_split + (2.0 * (q + 2 * kv) + (2.0 + g) * q + 4.0 * m.num_heads) / p.tp
+    mlp = (2.0 + g) * h / seq_split + (2.0 * mlp_outs * f + g * f) / p.tp
+    return attention + mlp
+
+
+def activation_memory(spec: RunSpec, s: RankShape, est: Estimate, per_layer_override: float | None = None) -> float:
     """Adds the activations, the recompute transient, the logits and the pinned host bytes to ``est``;
-    returns one layer's whole saved set (bytes per micro-batch), what an offloaded layer copies."""
+    returns one layer's whole saved set (bytes per micro-batch), what an offloaded layer copies.
+    ``per_layer_override``: another engine's bytes per token per layer (every layer alike)."""
     tr = spec.train
     layers = inflight_layers(spec, s)
+    if per_layer_override is not None:
+        est.memory["activations"] = per_layer_override * s.tokens_mb * layers
+        est.memory["logits_and_loss"] = 10.0 * s.tokens_mb * s.V / s.t
+        return per_layer_override * s.tokens_mb
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all;
     # train.offload_layers: that share keeps nothing on the GPU between its forward and its backward
     share, off_share = s.recomputed_share, s.offloaded_share

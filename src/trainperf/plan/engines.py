@@ -37,7 +37,8 @@ FACTORS: dict[str, tuple[str, float, float, float, float]] = {
 }
 # the factors a profile fixes without fitting: what an engine that captures CUDA graphs and fuses its
 # casts into the neighbouring kernels (NeMo / Megatron with Transformer Engine) spends beside the above;
-# it also shards data parallelism as Megatron's distributed optimizer and rings GQA's KV heads unexpanded
+# it also shards data parallelism as Megatron's distributed optimizer (whose memory accounting and
+# Megatron's saved activations then apply) and rings GQA's KV heads unexpanded
 FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown": 1.0}
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
