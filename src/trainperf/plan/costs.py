@@ -578,7 +578,8 @@ def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micr
     """Eval seconds per row, tokens/s per GPU, MFU and the fit, from the step time."""
     # eval: the forward alone per sequence, pipeline stages in sequence
     fwd_micro = forward_seconds(micro, linear_flops_multiplier(spec)) + (micro.tp + micro.cp) / 3
-    est.eval_seconds_per_row = fwd_micro / s.b * s.pp
+    # (an engine that pipelines its eval batches through the stages, as Megatron does, pays the stages once)
+    est.eval_seconds_per_row = fwd_micro / s.b * (1 if gpu.pipelined_eval else s.pp)
     world = s.dp * s.t * s.c * s.pp
     tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world

@@ -69,7 +69,7 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         tp_comm_exposed=f["tp_exposed"], comm_overlap=f["comm_overlap"], step_overhead_s=f["step_overhead_s"],
         fp8_cast_bytes_eager=FIXED_FOR_FITTED["fp8_cast_bytes"], fp8_cast_bytes_compiled=FIXED_FOR_FITTED["fp8_cast_bytes"],
         cp_attn_slowdown=FIXED_FOR_FITTED["cp_attn_slowdown"], data_parallel="distributed_optimizer",
-        cp_ring_expanded_kv=0.0)
+        cp_ring_expanded_kv=0.0, pipelined_eval=1.0)
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
 
 
@@ -86,21 +86,22 @@ class EngineRun:
     label: str
 
 
+def engine_run_from_row(row: dict) -> EngineRun | None:
+    """A stored (or imported) run row as a fit point; None without a throughput or a GPU preset."""
+    hw = json.loads(row.get("hardware_json") or "{}")
+    gpu = preset_for_device(hw.get("gpu") or "")
+    if gpu is None or not row.get("tokens_per_s_per_gpu"):
+        return None
+    spec = RunSpec.from_dict(json.loads(row["spec_json"]))
+    return EngineRun(row["run_id"], spec, gpu, int(hw.get("gpus_per_node") or 8), row["tokens_per_s_per_gpu"],
+                     row.get("time_to_train_s") if row["status"] == "success" else None,
+                     f"{row['workload']}@{row['world_size']} {row['layout']} {gpu.name.split()[1]}")
+
+
 def engine_runs(store, engine: str) -> list[EngineRun]:
-    """The stored successful runs of ``engine`` with a throughput, on a GPU the planner has a preset for."""
-    out = []
-    for row in store.list_runs(limit=1_000_000):
-        if (row.get("engine") or OURS) != engine or not row.get("tokens_per_s_per_gpu"):
-            continue
-        hw = json.loads(row.get("hardware_json") or "{}")
-        gpu = preset_for_device(hw.get("gpu") or "")
-        if gpu is None:
-            continue
-        spec = RunSpec.from_dict(json.loads(row["spec_json"]))
-        out.append(EngineRun(row["run_id"], spec, gpu, int(hw.get("gpus_per_node") or 8), row["tokens_per_s_per_gpu"],
-                             row.get("time_to_train_s") if row["status"] == "success" else None,
-                             f"{row['workload']}@{row['world_size']} {row['layout']} {gpu.name.split()[1]}"))
-    return out
+    """The stored runs of ``engine`` with a throughput, on a GPU the planner has a preset for."""
+    rows = [r for r in store.list_runs(limit=1_000_000) if (r.get("engine") or OURS) == engine]
+    return [run for run in map(engine_run_from_row, rows) if run is not None]
 
 
 def group_points(runs: list[EngineRun]) -> list[EngineRun]:

@@ -72,6 +72,9 @@ class GPU(Datasheet):
     # first and last gradient buckets no compute hides, the step's synchronisation): 0 for this engine,
     # whose host constants carry it; fitted in another engine's profile
     step_overhead_s: float = 0.0
+    # evals: 0 when the engine runs an eval batch through the pipeline stages one after another (this
+    # engine), 1 when it pipelines the eval micro-batches (Megatron)
+    pipelined_eval: float = 0.0
     # how the data-parallel ranks share the model: fsdp2 (this engine: weights, gradients and optimizer
     # states sharded; weights gathered per micro-batch) or distributed_optimizer (Megatron's ZeRO-1:
     # weights whole, gradients reduce-scattered and weights gathered once per step)
