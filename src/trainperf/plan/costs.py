@@ -506,7 +506,7 @@ def add_tp_cp_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int,
         kv = 2.0 * b * (S / c) * heads * m.head_dim * 2.0 / t
         cp_bytes = 3 * (c - 1) * kv * s.L_rank
         est.comm["cp"] = cp_bytes * s.mb
-        micro.cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c, c) - gpu.comm_overlap * micro.attention)
+        micro.cp = max(0.0, cp_bytes / group_busbw(gpu, gpus_per_node, t * c, c) - gpu.comm_overlap * micro.attention)
 
 
 def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
@@ -531,19 +531,19 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
         rs = (d - 1) / d * 4.0 * s.psi_train / t
         fsdp_bytes = (gather + rs) * mb
         est.comm["fsdp"] = fsdp_bytes
-        t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard, d) - gpu.comm_overlap * t_micro * mb)
+        t_fsdp = max(0.0, fsdp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard, d) - gpu.comm_overlap * t_micro * mb)
     t_dp = 0.0
     if R > 1:  # HSDP replicas all-reduce the (sharded) fp32 grads once per step
         dp_bytes = 2 * (R - 1) / R * 4.0 * s.psi_train / (t * d)
         est.comm["dp"] = dp_bytes
-        t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R, R) - gpu.comm_overlap * t_micro)
+        t_dp = max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R, R) - gpu.comm_overlap * t_micro)
     t_pp = 0.0
     t_bubble = 0.0
     if pp > 1:  # 1F1B/GPipe bubble (p-1)/m, interleaved (p-1)/(v m): Narayanan et al. 2021 2.2
         t_bubble = (pp - 1) / (s.v * mb) * t_micro * mb
         pp_bytes = 2 * mb * s.v * s.b * (s.S / c) * s.h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
-        t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
+        t_pp = pp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
     t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * s.psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
         + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
     return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt,
@@ -561,7 +561,7 @@ def distributed_optimizer_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_pe
     param_bytes = 1.0 if spec.hardware.fp8 != "none" else 2.0
     dp_bytes = (d - 1) / d * (2.0 + param_bytes) * s.psi_train / t
     est.comm["dp"] = dp_bytes
-    return max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * t_micro)
+    return max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * t_micro)
 
 
 def add_host_wait(spec: RunSpec, s: RankShape, gpu: GPU, est: Estimate) -> None:
@@ -697,7 +697,7 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
     return micro_batches * layers_per_rank * per_layer
 
 
-def _bw(gpu: GPU, gpus_per_node: int, span: int, members: int = 0) -> float:
+def group_busbw(gpu: GPU, gpus_per_node: int, span: int, members: int = 0) -> float:
     """busbw (bytes/s) of a group of ``members`` ranks spread evenly over ``span`` consecutive GPUs:
     NVLink inside the NVLink domain (a node, or gpu.nvlink_domain if smaller); across domains NCCL's
     hierarchical algorithms move the data over NVLink first and only 1/k of it over the NICs, k being

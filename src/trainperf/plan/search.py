@@ -208,11 +208,28 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     key = (lambda c: (-c.est.tokens_per_s_per_gpu, c.est.reserved_gib)) \
         if objective == "throughput" or not (fixed_samples or gbs_values) \
         else (lambda c: (c.time_to_train_s, c.est.reserved_gib))
-    fits.sort(key=key)
+    fits.sort(key=megatron_tie_break(key) if megatron else key)
     oom.sort(key=lambda c: c.est.reserved_gib)
     for i, c in enumerate(fits, 1):
         c.id = f"P{i}"
     return fits, oom
+
+
+TIE_TOLERANCE = 0.003  # predictions closer than this are not told apart by the model
+
+
+def megatron_tie_break(key):
+    """Rank layouts whose predictions differ by less than TIE_TOLERANCE by the smaller model-parallel
+    group (tp x cp x pp: less traffic the model prices as hidden), then the smaller micro-batch count
+    of virtual stages, then memory -- what an engineer picks when the model cannot tell them apart."""
+    def ranked(c):
+        first = key(c)
+        value = abs(first[0]) if first[0] else 0.0
+        bucket = round(math.log(value) / math.log1p(TIE_TOLERANCE)) if value > 0 else 0
+        p = c.spec.parallel
+        return (bucket if first[0] >= 0 else -bucket, p.tp * p.cp * p.pp, p.pp_stages_per_rank,
+                c.spec.train.micro_batch_size, c.est.reserved_gib)
+    return ranked
 
 
 def valid_batch_sizes(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None,
