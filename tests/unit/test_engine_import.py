@@ -186,4 +186,5 @@ def test_search_at_scale_names_nearest_counts_and_covers_megatron_layouts():
     with pytest.raises(SpecError, match="nearest counts that have one: .*1024 GPUs"):
         plan(spec, apply_profile(PRESETS["h100"], _nemo_like()), 768, 8, megatron=True)
     assert valid_batch_sizes(spec, 1024, 8, [8, 128], megatron=True) == [8, 128]
-    assert "1032 GPUs" not in nearest_valid_counts(spec, 1024 + 8, 8, [8], megatron=True)  # 1024 is nearer
+    assert nearest_valid_counts(spec, 1024 + 8, 8, [8], megatron=True, max_nodes_away=2) == \
+        "the nearest counts that have one: 1024 GPUs (GBS 8)"
