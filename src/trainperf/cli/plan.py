@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="", help="workload name (see `trainperf workloads`; not with --calibrate)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
-    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200 | a YAML file of GPU fields")
+    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200, a cluster preset (h100-sxm | h200-sxm | "
+                                                 "h200-nvl | b200-sxm: NIC and NVLink domain) or a YAML file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
@@ -277,19 +278,32 @@ def _print_json(args, ranking: Ranking) -> None:
     from trainperf.plan.search import explain
 
     fits = ranking.fits
-    rows = [{"id": c.id, "set": c.set_line, "step_time_s": c.est.step_time_s,
+    rows = [{"id": c.id, "set": c.set_line, "layout": _layout_fields(c), "peak_gib": c.est.reserved_gib,
+             "step_time_s": c.est.step_time_s,
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "host_offload_gib": c.est.host_offload_bytes / 2**30,
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
-    print(json.dumps({"gpu": ranking.gpu.name, "measured": ranking.measured_note, "gpus": args.gpus,
+    print(json.dumps({"gpu": ranking.gpu.name, "engine": args.engine, "measured": ranking.measured_note, "gpus": args.gpus,
                       "gpus_per_node": ranking.per_node, "ranked": rows,
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
                       "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
                       "hint": _hint(ranking) or None,
                       "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                      indent=2))
+
+
+def _layout_fields(c) -> dict:
+    """One ranked layout as structured fields (what --json consumers read instead of the --set line)."""
+    sp, p, tr, hw = c.spec, c.spec.parallel, c.spec.train, c.spec.hardware
+    return {"tp": p.tp, "sp": p.sp, "cp": p.cp, "pp": p.pp, "pp_schedule": p.pp_schedule if p.pp > 1 else None,
+            "virtual_stages": p.pp_stages_per_rank or (2 if p.pp_schedule == "Interleaved1F1B" else 1) if p.pp > 1 else 1,
+            "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "dp": p.dp_replicate * p.dp_shard,
+            "global_batch_size": tr.global_batch_size, "micro_batch_size": tr.micro_batch_size,
+            "recompute": tr.recompute, "recompute_layers": tr.recompute_layers, "offload_layers": tr.offload_layers,
+            "fp8": hw.fp8, "compile": tr.compile, "frozen_dtype": hw.frozen_dtype, "attention": hw.attention,
+            "seq_len": sp.data.seq_len}
 
 
 def _layout_cells(c) -> list[str]:
