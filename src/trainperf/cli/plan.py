@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gbs", metavar="LIST|rcp",
                    help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
                         "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
+    p.add_argument("--options", metavar="LIST|all|none", default="none",
+                   help="also search this engine's speed settings, each shown in the table: compile (train.compile), "
+                        "fp8 (hardware.fp8=tensorwise), frozen_dtype (LoRA's base in fp8), attention (flash4); "
+                        "comma-separated, all, or none (the default: the spec's own)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
     p.add_argument("--memory-headroom", type=float, default=None, metavar="FRACTION", help=HEADROOM_HELP)
     p.add_argument("--calibrate", metavar="GPU_YAML", nargs="?", const="",
@@ -168,7 +172,9 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     megatron = args.engine != "trainperf"
     if megatron:  # every published run of a Megatron engine trains in FP8 unless told otherwise
         _engine_precision(args, base)
-    fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron)
+    options = _option_sets(args, base, megatron)
+    fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
+                     options)
     return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
 
 
@@ -192,6 +198,20 @@ def _busy_batch_sizes(args, base) -> tuple[list[int] | None, str | None]:
     return covered, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few to "
                      f"keep them busy: searched the GBS values the RCPs cover ({', '.join(map(str, covered))}; time to "
                      f"train from each RCP's samples to converge); --gbs {gbs} keeps the recipe's")
+
+
+def _option_sets(args, base, megatron: bool) -> list[dict] | None:
+    """--options as the combinations of settings to search (None: the spec's own)."""
+    # the option table is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import ENGINE_OPTIONS, option_overrides
+
+    if args.options == "none":
+        return None
+    if megatron:
+        raise SpecError(f"--options searches trainperf's own settings; --engine {args.engine} is priced as it ran "
+                        "(FP8, its own kernels): drop --options or --engine")
+    names = list(ENGINE_OPTIONS) if args.options == "all" else [n.strip() for n in args.options.split(",") if n.strip()]
+    return option_overrides(base, names)
 
 
 def _engine_precision(args, base) -> None:
@@ -306,6 +326,15 @@ def _layout_fields(c) -> dict:
             "seq_len": sp.data.seq_len}
 
 
+def _options_cell(c) -> str:
+    """The speed settings of a layout: compile, fp8, an fp8 frozen base, flash4 ('-' for none)."""
+    sp = c.spec
+    cells = (["compile"] if sp.train.compile else []) + ([sp.hardware.fp8] if sp.hardware.fp8 != "none" else []) \
+        + (["fp8 base"] if sp.hardware.frozen_dtype == "fp8" else []) \
+        + ([sp.hardware.attention] if sp.hardware.attention != "sdpa" else [])
+    return " ".join(cells) or "-"
+
+
 def _layout_cells(c) -> list[str]:
     o = c.overrides
     cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
@@ -317,7 +346,7 @@ def _layout_cells(c) -> list[str]:
                                      if "train.recompute_layers" in o else "")
              + (" +sel" if o.get("train.recompute_others") == "selective" else "")
              + (f" +{o['train.offload_layers']} host" if o.get("train.offload_layers") else ""),
-             f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
+             _options_cell(c), f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
              f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
     if c.time_to_train_s:
         cells.append(f"{c.time_to_train_s / 60:.1f}")
@@ -334,8 +363,8 @@ def _print_table(args, ranking: Ranking) -> int:
                         f"{len(fits)} layouts fit, {len(oom)} do not"
                         + (f" ({over} only for the memory headroom)" if over else "")
                         + f" -- memory headroom {100 * ranking.headroom:g}% ({usable:.1f} of {gpu.hbm_gib:g} GiB usable)")
-    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
-                "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "options", "step s",
+                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
         table.add_column(col, justify="right")
     for c in fits[:args.top]:
         table.add_row(*_layout_cells(c))

@@ -84,6 +84,31 @@ def _layouts(gpus: int, gpus_per_node: int, gbs: int):
                                            "train.recompute": rc}
 
 
+# the engine's speed settings `plan --options` searches beside the layout: name -> (setting, values);
+# each combination is validated like a layout (fp8 with TP, compile with CP, flash4 with CP are refused)
+ENGINE_OPTIONS = {
+    "compile": ("train.compile", (False, True)),
+    "fp8": ("hardware.fp8", ("none", "tensorwise")),
+    "frozen_dtype": ("hardware.frozen_dtype", ("auto", "fp8")),  # LoRA's frozen base in float8 (needs fp8)
+    "attention": ("hardware.attention", ("sdpa", "flash4")),
+}
+
+
+def option_overrides(base: RunSpec, names: list[str]) -> list[dict]:
+    """Every combination of the named ENGINE_OPTIONS (a setting the spec cannot use is left out: the
+    frozen dtype without LoRA); SpecError for an unknown name."""
+    unknown = [n for n in names if n not in ENGINE_OPTIONS]
+    if unknown:
+        raise SpecError(f"--options {','.join(unknown)}: unknown; valid: {', '.join(ENGINE_OPTIONS)}, all or none")
+    combos: list[dict] = [{}]
+    for name in names:
+        if name == "frozen_dtype" and not base.lora.enabled:
+            continue
+        key, values = ENGINE_OPTIONS[name]
+        combos = [c | {key: v} for c in combos for v in values]
+    return [c for c in combos if not (c.get("hardware.frozen_dtype") == "fp8" and c.get("hardware.fp8") != "tensorwise")]
+
+
 # virtual pipeline stages per rank an interleaved Megatron schedule is searched over
 MEGATRON_VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
 
@@ -161,7 +186,8 @@ def rcp_batch_sizes(spec: RunSpec) -> list[int]:
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
          objective: str = "time", gbs_values: list[int] | None = None,
-         headroom: float = 0.0, megatron: bool = False) -> tuple[list[Candidate], list[Candidate]]:
+         headroom: float = 0.0, megatron: bool = False,
+         options: list[dict] | None = None) -> tuple[list[Candidate], list[Candidate]]:
     """(fitting candidates ranked best first, candidates that do not fit). ``gbs_values``: search the
     global batch size too (samples to converge then come from the RCPs at each GBS). ``headroom``: a
     fraction of the GPU's memory a layout must leave free to fit (those that fit only without it land
@@ -187,7 +213,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     rcp_cache: dict[int, float | None] = {}
     layouts = megatron_layouts(base, gpus, gpus_per_node, gbs_values) if megatron \
         else candidate_layouts(base, gpus, gpus_per_node, gbs_values)
-    for overrides in layouts:
+    for overrides in (layout | option for layout in layouts for option in options or [{}]):
         spec = _apply(base, overrides)
         if megatron and not megatron_layout_ok(spec):
             continue
