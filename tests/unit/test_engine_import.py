@@ -12,7 +12,7 @@ import pytest
 
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import config_layout, read_config_script, read_submissions
-from trainperf.mlperf.recipes import llama2_70b_lora_defaults, llama31_405b_defaults
+from trainperf.mlperf.recipes import llama2_70b_lora_defaults, llama31_8b_defaults, llama31_405b_defaults
 from trainperf.plan.engines import (
     FACTORS,
     EngineProfile,
@@ -183,8 +183,41 @@ def test_nvidia_405b_layout_is_valid_and_fits_80gb_under_megatron():
 def test_search_at_scale_names_nearest_counts_and_covers_megatron_layouts():
     spec = llama2_70b_lora_defaults()
     spec.hardware.fp8, spec.hardware.frozen_dtype = "tensorwise", "fp8"
-    with pytest.raises(SpecError, match="nearest counts that have one: .*1024 GPUs"):
-        plan(spec, apply_profile(PRESETS["h100"], _nemo_like()), 768, 8, megatron=True)
+    with pytest.raises(SpecError, match=r"nearest counts that have one: 16 GPUs \(GBS 8\); 32 GPUs \(GBS 8\)"):
+        plan(spec, apply_profile(PRESETS["h100"], _nemo_like()), 24, 8, megatron=True)  # 3 divides nothing
     assert valid_batch_sizes(spec, 1024, 8, [8, 128], megatron=True) == [8, 128]
     assert nearest_valid_counts(spec, 1024 + 8, 8, [8], megatron=True, max_nodes_away=2) == \
         "the nearest counts that have one: 1024 GPUs (GBS 8)"
+
+
+def test_cluster_presets_and_yaml_network(tmp_path):
+    from trainperf.plan.hardware import load_gpu, preset_for_device
+
+    assert preset_for_device("NVIDIA H200 NVL").nvlink_domain == 4
+    assert preset_for_device("NVIDIA H200-SXM5-141GB").name == "NVIDIA H200 SXM"
+    assert load_gpu("h100-sxm").inter_busbw_gbps == pytest.approx(40.0)
+    roce = tmp_path / "roce.yaml"
+    roce.write_text("base: h100-sxm\nnic_gbps: 50\nnic_efficiency: 0.6\ndata_parallel: distributed_optimizer\n")
+    gpu = load_gpu(str(roce))
+    assert gpu.inter_busbw_gbps == pytest.approx(30.0) and gpu.data_parallel == "distributed_optimizer"
+    roce.write_text("base: h100-sxm\ndata_parallel: zero9\n")
+    with pytest.raises(SpecError, match="data_parallel 'zero9'"):
+        load_gpu(str(roce))
+
+
+def test_speed_options_are_search_dimensions():
+    from trainperf.plan.search import option_overrides
+
+    lora = llama2_70b_lora_defaults()
+    combos = option_overrides(lora, ["compile", "fp8", "frozen_dtype"])
+    assert len(combos) == 6  # 2 x 2 x 2 less the fp8 base without fp8 compute
+    assert all(c["hardware.fp8"] == "tensorwise" for c in combos if c["hardware.frozen_dtype"] == "fp8")
+    assert len(option_overrides(llama31_405b_defaults(), ["fp8", "frozen_dtype"])) == 2  # no LoRA: no frozen base
+    with pytest.raises(SpecError, match="valid: compile, fp8"):
+        option_overrides(lora, ["turbo"])
+    spec = llama31_8b_defaults()
+    spec.hardware.device = "cuda"
+    fits, _ = plan(spec, PRESETS["h200"], 2, 2, options=option_overrides(spec, ["compile", "fp8"]))
+    plain, _ = plan(spec, PRESETS["h200"], 2, 2)
+    assert fits[0].est.step_time_s < plain[0].est.step_time_s
+    assert any(k in fits[0].overrides for k in ("train.compile", "hardware.fp8"))
