@@ -1,6 +1,7 @@
-"""Published MLPerf Training llama2_70b_lora results (time to train, minutes; olympic mean of 10 runs),
-from the MLCommons results repositories
-(github.com/mlcommons/training_results_v4.0 ... v5.1, results/*/llama2_70b_lora/result_*.txt)."""
+"""Published MLPerf Training results: the llama2_70b_lora table the HTML report shows (time to train,
+minutes; olympic mean of 10 runs, from the MLCommons results repositories,
+github.com/mlcommons/training_results_v4.0 ... v5.1, results/*/llama2_70b_lora/result_*.txt), and the
+reader of submission folders behind `trainperf import` (each result_*.txt as a run of its engine)."""
 
 from __future__ import annotations
 
