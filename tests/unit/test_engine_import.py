@@ -67,13 +67,16 @@ def test_import_reads_layout_throughput_and_engine_of_a_published_run(tmp_path):
 
 @needs_published
 def test_import_says_what_is_missing_and_stores_nothing_half_written(tmp_path):
-    root = _one_h200_submission(tmp_path, runs=2)
+    root = _one_h200_submission(tmp_path, runs=3)
     logs = sorted(root.rglob("result_*.txt"))
     logs[0].write_text("".join(line for line in logs[0].read_text().splitlines(True) if "tracked_stats" not in line))
+    logs[2].write_text("".join(line for line in logs[2].read_text().splitlines(True) if "submission_org" not in line))
     (tmp_path / "stray").mkdir()
     runs, problems = read_submissions([str(root), str(tmp_path / "stray")], "6.0.0")
     assert [Path(r.path).name for r in runs] == ["result_1.txt"]
     assert any("result_0.txt: no throughput" in p for p in problems)
+    assert any("result_2.txt: fails the 4.1.0 compliance checker: Required EXACTLY_ONE occurrence of "
+               "'submission_org'" in p for p in problems)
     assert any("stray: not an MLPerf submission folder" in p for p in problems)
     config = next(root.rglob("config_DGXH200*.sh"))
     config.write_text(config.read_text().replace("MINIBS=2", "MINIBS=3"))

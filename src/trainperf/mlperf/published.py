@@ -149,27 +149,35 @@ def engine_name(implementation: Path | None, system: dict) -> str:
     return ""
 
 
-def compliance_failure(path: Path, ruleset: str) -> str | None:
-    """The compliance checker's first complaint about a log (None when it passes)."""
+def parsed_log(path: Path, ruleset: str) -> tuple[list, list]:
+    """(log lines, parse errors) of an MLPerf log, by mlperf-logging's parser: read once, used by the
+    compliance check and the tracked_stats below."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    return parse_file(str(path), ruleset=ruleset)
+
+
+def compliance_failure(loglines: list, errors: list, ruleset: str) -> str | None:
+    """The compliance checker's first complaint about a parsed log (None when it passes), as its
+    check_file would report it."""
     # the package's own checker, in-process (the CLI form spawns an interpreter per log)
     from mlperf_logging.compliance_checker import mlp_compliance
 
     from trainperf.mlperf.score import captured_logging
 
     checker = mlp_compliance.make_checker("training", ruleset, True, False)
+    if errors:
+        checker.put_message("Log lines had parsing errors.")
     with captured_logging() as records:
-        ok = checker.check_file(str(path), f"training_{ruleset}/common.yaml")
-    if ok:
+        checker.check_loglines(loglines, f"training_{ruleset}/common.yaml")
+    if not checker.has_messages():
         return None
     messages = [*checker.overwritable.values(), *checker.not_overwritable] or [r.getMessage() for r in records]
     return " ".join(str(messages[0]).split())[:200] if messages else "failed"
 
 
-def tracked_stats(path: Path, ruleset: str) -> dict[str, list[float]]:
+def tracked_stats(loglines: list) -> dict[str, list[float]]:
     """The log's tracked_stats values by name, in order, and max_sequence_length when logged."""
-    from mlperf_logging.compliance_checker.mlp_parser import parse_file
-
-    loglines, _ = parse_file(str(path), ruleset=ruleset)
     out: dict[str, list[float]] = {}
     for ll in loglines:
         v = ll.value if isinstance(ll.value, dict) else {}
@@ -310,7 +318,8 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
         return item
     if run.benchmark != benchmark:
         item.missing.append(f"{label}: logs submission_benchmark {run.benchmark!r} in a {benchmark} folder")
-    failure = compliance_failure(log, ruleset)
+    loglines, errors = parsed_log(log, ruleset)
+    failure = compliance_failure(loglines, errors, ruleset)
     if failure:
         item.missing.append(f"{label}: fails the {ruleset} compliance checker: {failure}")
     gbs = int(run.gbs) if isinstance(run.gbs, (int, float)) else 0
@@ -319,7 +328,7 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs)
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
-    stats = tracked_stats(log, ruleset)
+    stats = tracked_stats(loglines)
     step_s, basis = step_seconds_from_stats(stats, gbs) if gbs else (None, "")
     if step_s is None:
         item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput)")
