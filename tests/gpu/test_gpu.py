@@ -53,7 +53,8 @@ THREE_STEPS = ["--set", "train.max_steps=3", "--set", "train.log_every=1", "--se
 
 
 @pytest.mark.skipif(gpus() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("workload, extra", [("mini-pretrain", []), ("mini-lora", ["--set", "lora.dropout=0"])])
+@pytest.mark.parametrize("workload, extra", [("mini-pretrain", []), ("mini-lora", ["--set", "lora.dropout=0"]),
+                                             ("mini-gpt-pretrain", [])])
 def test_context_parallel_matches_one_gpu(tmp_path, workload, extra):
     """CP=2 (load-balanced ring attention over the sequence) vs CP=1, bf16: same three losses
     (measured on 2 x H200, torch 2.11: |diff| <= 4e-5 for mini-pretrain)."""

@@ -37,6 +37,11 @@ CALLS = [
     ("mlperf_logging.package_checker.package_checker", "check_training_result_files", ["folder", "usage", "ruleset"],
      ["quiet", "werror", "rcp_bypass", "rcp_bert_train_samples", "seed_checker_bypass"]),
     ("mlperf_logging.compliance_checker.mlp_compliance", "rule_choices", [], []),
+    # the submission reader (trainperf.mlperf.published) checks parsed logs in-process
+    ("mlperf_logging.compliance_checker.mlp_compliance", "make_checker", ["usage", "ruleset", "quiet", "werror"], []),
+    ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.check_loglines", ["loglines", "config"], []),
+    ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.put_message", ["msg"], []),
+    ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.has_messages", [], []),
     ("mlperf_logging.compliance_checker.mlp_parser", "parse_file", ["filename"], ["ruleset"]),
     ("mlperf_logging.benchmark_meta", "get_result_file_counts", ["usage"], []),
     ("mlperf_logging.benchmark_meta", "get_allowed_benchmarks", ["usage", "ruleset"], []),

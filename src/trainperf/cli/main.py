@@ -34,6 +34,7 @@ def commands() -> dict[str, ModuleType]:
     from trainperf.cli import (
         data,
         demo,
+        import_,
         plan,
         preflight,
         report,
@@ -46,7 +47,8 @@ def commands() -> dict[str, ModuleType]:
     )
 
     return {"run": run, "plan": plan, "tune": tune, "sweep": sweep, "workloads": workloads, "report": report,
-            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo}
+            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo,
+            "import": import_}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,10 +23,11 @@ DESCRIPTION = ("Top-down estimate of memory, communication and step time for eve
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workload", help="workload name (see `trainperf workloads`)")
+    p.add_argument("workload", nargs="?", default="", help="workload name (see `trainperf workloads`; not with --calibrate)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
-    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200 | a YAML file of GPU fields")
+    p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200, a cluster preset (h100-sxm | h200-sxm | "
+                                                 "h200-nvl | b200-sxm: NIC and NVLink domain) or a YAML file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
@@ -38,10 +39,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gbs", metavar="LIST|rcp",
                    help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
                         "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
+    p.add_argument("--options", metavar="LIST|all|none", default="none",
+                   help="also search this engine's speed settings, each shown in the table: compile (train.compile), "
+                        "fp8 (hardware.fp8=tensorwise), frozen_dtype (LoRA's base in fp8), attention (flash4); "
+                        "comma-separated, all, or none (the default: the spec's own)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
     p.add_argument("--memory-headroom", type=float, default=None, metavar="FRACTION", help=HEADROOM_HELP)
-    p.add_argument("--calibrate", metavar="GPU_YAML",
-                   help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML")
+    p.add_argument("--calibrate", metavar="GPU_YAML", nargs="?", const="",
+                   help="fit the model to the GPU runs in the store (of --gpu) and write the fitted GPU as YAML; with "
+                        "--engine NAME (not trainperf): fit that engine's profile to its imported runs and print it")
+    p.add_argument("--engine", default="trainperf",
+                   help="whose speed to predict: trainperf (this engine, the default) or an engine whose MLPerf runs "
+                        "`trainperf import` stored (e.g. nemo): its profile is fitted to them")
     add_common(p)
 
 
@@ -73,7 +82,12 @@ def run(args) -> int:
         headroom = memory_headroom(args)
     except SpecError as exc:
         return bad_input(str(exc), args.json)
-    if args.calibrate:
+    if args.calibrate is not None:
+        if args.engine != "trainperf":
+            return calibrate_engine(args)
+        if not args.calibrate:
+            return bad_input("--calibrate needs GPU_YAML (where to write the fitted GPU), or --engine NAME to fit "
+                             "another engine's profile", args.json)
         return calibrate(args)
     try:
         base = _resolve_inputs(args)
@@ -100,14 +114,22 @@ def _resolve_inputs(args):
     # the workload registry imports torch and the model: only when a plan is asked for
     from trainperf.workloads import get_workload
 
+    if not args.workload:
+        raise SpecError("give the WORKLOAD to plan (see `trainperf workloads`)")
     if args.gpus < 1:
         raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
     if args.top < 1:
         raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
     if args.samples is not None and not args.samples > 0:
         raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
+    # gpt3 / llama31_405b derive the rate and schedule from the GBS (torch-free, as the planner)
+    from trainperf.mlperf.recipes import apply_gbs_schedule
+
     # resolve_spec coerces each value and checks the named choices, e.g. hardware.fp8
-    return resolve_spec(get_workload(args.workload).defaults(), args.config, args.overrides)
+    defaults = get_workload(args.workload).defaults()
+    spec = resolve_spec(defaults, args.config, args.overrides)
+    apply_gbs_schedule(spec, defaults)
+    return spec
 
 
 def _pick_gpu(args):
@@ -117,9 +139,24 @@ def _pick_gpu(args):
     from trainperf.plan.hardware import load_gpu
 
     gpu = load_gpu(args.gpu)
-    if args.datasheet:
-        return gpu, None
-    return _measured_gpu(gpu, args.db)  # the newest preflight of this GPU model beats the datasheet figures
+    gpu, note = (gpu, None) if args.datasheet else _measured_gpu(gpu, args.db)  # a preflight beats the datasheet
+    if args.engine == "trainperf":
+        return gpu, note
+    # engine profiles are part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.engines import apply_profile, load_profile
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, require_existing_store
+
+    require_existing_store(args.db, "`trainperf import`")
+    store = Store(args.db)
+    try:
+        profile = load_profile(store, args.engine)
+    finally:
+        store.close()
+    fitted = ", ".join(f"{k}={v:.3g}" for k, v in profile.factors.items())
+    return apply_profile(gpu, profile), "; ".join(x for x in (note, f"engine {args.engine}: profile fitted to "
+                                                              f"{len(profile.fitted_on)} stored configurations ({fitted})") if x)
 
 
 def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Ranking:
@@ -129,8 +166,61 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
 
     per_node = args.gpus_per_node or min(args.gpus, 8)
     gbs_values = _batch_sizes(args, base)
-    fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom)
-    return Ranking(gpu, per_node, headroom, fits, oom, measured_note)
+    gbs_note = None
+    if gbs_values is None and args.samples is None:
+        gbs_values, gbs_note = _busy_batch_sizes(args, base)
+    megatron = args.engine != "trainperf"
+    if megatron:  # every published run of a Megatron engine trains in FP8 unless told otherwise
+        _engine_precision(args, base)
+    options = _option_sets(args, base, megatron)
+    fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
+                     options)
+    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
+
+
+# a step that gives each GPU fewer tokens than this cannot keep it busy (one 8k-token sequence)
+BUSY_TOKENS_PER_GPU = 8192
+
+
+def _busy_batch_sizes(args, base) -> tuple[list[int] | None, str | None]:
+    """(the GBS values the RCPs cover, a note saying so) when the recipe's GBS gives each GPU less than
+    BUSY_TOKENS_PER_GPU tokens per step and the benchmark has RCPs; (None, None) otherwise."""
+    # the RCP tables are part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import rcp_batch_sizes
+
+    gbs, seq = base.train.global_batch_size, base.data.seq_len
+    per_gpu = gbs * seq / args.gpus
+    if per_gpu >= BUSY_TOKENS_PER_GPU or not base.mlperf.comparable:
+        return None, None
+    covered = rcp_batch_sizes(base)
+    if not covered or max(covered) <= gbs:
+        return None, None
+    return covered, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few to "
+                     f"keep them busy: searched the GBS values the RCPs cover ({', '.join(map(str, covered))}; time to "
+                     f"train from each RCP's samples to converge); --gbs {gbs} keeps the recipe's")
+
+
+def _option_sets(args, base, megatron: bool) -> list[dict] | None:
+    """--options as the combinations of settings to search (None: the spec's own)."""
+    # the option table is part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.search import ENGINE_OPTIONS, option_overrides
+
+    if args.options == "none":
+        return None
+    if megatron:
+        raise SpecError(f"--options searches trainperf's own settings; --engine {args.engine} is priced as it ran "
+                        "(FP8, its own kernels): drop --options or --engine")
+    names = list(ENGINE_OPTIONS) if args.options == "all" else [n.strip() for n in args.options.split(",") if n.strip()]
+    return option_overrides(base, names)
+
+
+def _engine_precision(args, base) -> None:
+    """FP8 projections (and an FP8 frozen base for LoRA) for another engine, unless --set chose."""
+    chosen = {o.split("=", 1)[0].strip() for o in args.overrides}
+    if "hardware.fp8" not in chosen:
+        base.hardware.fp8 = "tensorwise"
+    if base.lora.enabled and "hardware.frozen_dtype" not in chosen and base.hardware.fp8 != "none":
+        base.hardware.frozen_dtype = "fp8"
 
 
 def _measured_gpu(gpu, db: str):
@@ -210,13 +300,14 @@ def _print_json(args, ranking: Ranking) -> None:
     from trainperf.plan.search import explain
 
     fits = ranking.fits
-    rows = [{"id": c.id, "set": c.set_line, "step_time_s": c.est.step_time_s,
+    rows = [{"id": c.id, "set": c.set_line, "layout": _layout_fields(c), "peak_gib": c.est.reserved_gib,
+             "step_time_s": c.est.step_time_s,
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "host_offload_gib": c.est.host_offload_bytes / 2**30,
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
-    print(json.dumps({"gpu": ranking.gpu.name, "measured": ranking.measured_note, "gpus": args.gpus,
+    print(json.dumps({"gpu": ranking.gpu.name, "engine": args.engine, "measured": ranking.measured_note, "gpus": args.gpus,
                       "gpus_per_node": ranking.per_node, "ranked": rows,
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
                       "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
@@ -225,16 +316,39 @@ def _print_json(args, ranking: Ranking) -> None:
                      indent=2))
 
 
+def _layout_fields(c) -> dict:
+    """One ranked layout as structured fields (what --json consumers read instead of the --set line)."""
+    sp, p, tr, hw = c.spec, c.spec.parallel, c.spec.train, c.spec.hardware
+    return {"tp": p.tp, "sp": p.sp, "cp": p.cp, "pp": p.pp, "pp_schedule": p.pp_schedule if p.pp > 1 else None,
+            "virtual_stages": p.pp_stages_per_rank or (2 if p.pp_schedule == "Interleaved1F1B" else 1) if p.pp > 1 else 1,
+            "dp_replicate": p.dp_replicate, "dp_shard": p.dp_shard, "dp": p.dp_replicate * p.dp_shard,
+            "global_batch_size": tr.global_batch_size, "micro_batch_size": tr.micro_batch_size,
+            "recompute": tr.recompute, "recompute_layers": tr.recompute_layers, "offload_layers": tr.offload_layers,
+            "fp8": hw.fp8, "compile": tr.compile, "frozen_dtype": hw.frozen_dtype, "attention": hw.attention,
+            "seq_len": sp.data.seq_len}
+
+
+def _options_cell(c) -> str:
+    """The speed settings of a layout: compile, fp8, an fp8 frozen base, flash4 ('-' for none)."""
+    sp = c.spec
+    cells = (["compile"] if sp.train.compile else []) + ([sp.hardware.fp8] if sp.hardware.fp8 != "none" else []) \
+        + (["fp8 base"] if sp.hardware.frozen_dtype == "fp8" else []) \
+        + ([sp.hardware.attention] if sp.hardware.attention != "sdpa" else [])
+    return " ".join(cells) or "-"
+
+
 def _layout_cells(c) -> list[str]:
     o = c.overrides
     cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
-             str(o["parallel.pp"]), o["parallel.pp_schedule"] if o["parallel.pp"] > 1 else "-",
+             str(o["parallel.pp"]), (o["parallel.pp_schedule"] + (f" v{o['parallel.pp_stages_per_rank']}"
+                                                                  if o.get("parallel.pp_stages_per_rank") else ""))
+             if o["parallel.pp"] > 1 else "-",
              str(o["parallel.dp_replicate"]), str(o["parallel.dp_shard"]), str(o["train.micro_batch_size"]),
              o["train.recompute"] + (f" {o['train.recompute_layers']}/{layers_per_stage(c.spec)}"
                                      if "train.recompute_layers" in o else "")
              + (" +sel" if o.get("train.recompute_others") == "selective" else "")
              + (f" +{o['train.offload_layers']} host" if o.get("train.offload_layers") else ""),
-             f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
+             _options_cell(c), f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
              f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
     if c.time_to_train_s:
         cells.append(f"{c.time_to_train_s / 60:.1f}")
@@ -251,8 +365,8 @@ def _print_table(args, ranking: Ranking) -> int:
                         f"{len(fits)} layouts fit, {len(oom)} do not"
                         + (f" ({over} only for the memory headroom)" if over else "")
                         + f" -- memory headroom {100 * ranking.headroom:g}% ({usable:.1f} of {gpu.hbm_gib:g} GiB usable)")
-    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "step s", "tok/s/GPU",
-                "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+    for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "options", "step s",
+                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
         table.add_column(col, justify="right")
     for c in fits[:args.top]:
         table.add_row(*_layout_cells(c))
@@ -277,6 +391,9 @@ def _print_next_steps(console, args, ranking: Ranking) -> None:
     from trainperf.plan.search import explain
 
     fits, per_node = ranking.fits, ranking.per_node
+    if args.engine != "trainperf":  # another engine's layout: trainperf cannot launch it
+        console.print(f"best layout for {args.engine}: {fits[0].set_line}")
+        return
     launch = (f"trainperf run {args.workload} --nproc-per-node {args.gpus}" if args.gpus <= per_node else
               f"srun -N {args.gpus // per_node} --ntasks-per-node {per_node} trainperf run {args.workload}")
     console.print(f"run the best: {launch} --layout-from-plan {fits[0].id}   (or: {fits[0].set_line})")
@@ -316,4 +433,40 @@ def calibrate(args) -> int:
             print(f"{which:10s} {s['runs']} runs: median |step error| {100 * s['median_abs_step_error']:.1f}%, "
                   f"max {100 * s['max_abs_step_error']:.1f}%")
         print(f"wrote {args.calibrate}: use it with `trainperf plan ... --gpu {args.calibrate}`")
+    return EXIT_OK
+
+
+def calibrate_engine(args) -> int:
+    """``plan --calibrate --engine NAME``: fit NAME's profile to its stored runs and print each factor."""
+    # engine profiles are part of the planner, loaded only when a fit is asked for
+    from trainperf.plan.engines import FACTORS, engine_runs, fit_profile, group_points, median_abs, profile_errors
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store
+
+    try:
+        require_existing_store(args.db, "`trainperf import`")
+        store = Store(args.db)
+        try:
+            points = group_points(engine_runs(store, args.engine))
+        finally:
+            store.close()
+        profile = fit_profile(args.engine, points)
+    except (SpecError, StoreError) as exc:
+        return bad_input(str(exc), args.json)
+    errors = profile_errors(profile, points)
+    if args.json:
+        print(json.dumps({"profile": profile.to_dict(), "meaning": {k: v[0] for k, v in FACTORS.items()},
+                          "points": errors, "median_abs_error": median_abs([e["error"] for e in errors])}, indent=2))
+        return EXIT_OK
+    print(f"engine {args.engine}: profile fitted to {len(points)} stored configurations (one point each: the run "
+          "with the median tokens/s per GPU)")
+    for line in profile.describe():
+        print("  " + line)
+    print(f"  {'configuration':55s} {'stored':>9s} {'fitted':>9s}  tokens/s per GPU")
+    for e in errors:
+        print(f"  {e['point'][:55]:55s} {e['measured_tokens_per_s_per_gpu']:9,.0f} "
+              f"{e['predicted_tokens_per_s_per_gpu']:9,.0f}  {100 * e['error']:+.1f}%")
+    print(f"  median |error| {100 * median_abs([e['error'] for e in errors]):.1f}% on the points it was fitted to; "
+          f"`trainperf plan WORKLOAD --gpus N --engine {args.engine}` predicts with it")
     return EXIT_OK

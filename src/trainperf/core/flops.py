@@ -20,10 +20,15 @@ from trainperf.core.spec import LoRASpec, ModelSpec
 
 def projection_shapes(m: ModelSpec) -> dict[str, tuple[int, int]]:
     """(input width, output width) of each decoder-layer projection, by its module name; ``qkv_proj``
-    is the fused q, k and v of a ``fused_qkv`` model."""
+    is the fused q, k and v of a ``fused_qkv`` model. A GPT (model/gpt.py) has the same attention
+    projections (its linear_qkv and linear_proj) and a two-GEMM MLP: linear_fc1 as up_proj,
+    linear_fc2 as down_proj, no gate."""
     h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
-    return {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
-            "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h)}
+    shapes = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
+              "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h)}
+    if m.family == "gpt":
+        del shapes["gate_proj"]
+    return shapes
 
 
 def linear_params(m: ModelSpec) -> dict[str, int]:
@@ -42,6 +47,11 @@ def lora_params(m: ModelSpec, lora: LoRASpec) -> int:
 
 
 def total_params(m: ModelSpec) -> int:
+    """Weights (a GPT's tied output layer is its embedding, counted once, plus its position table; its
+    biases and LayerNorm shifts are left out, under 0.01% of GPT-3)."""
+    if m.family == "gpt":
+        return sum(linear_params(m).values()) + m.max_position_embeddings * m.hidden_size \
+            + (2 * m.num_layers + 1) * m.hidden_size
     return sum(linear_params(m).values()) + m.vocab_size * m.hidden_size + (2 * m.num_layers + 1) * m.hidden_size
 
 

@@ -19,9 +19,15 @@ from typing import Any
 from trainperf.core.errors import SpecError
 
 
+MODEL_FAMILIES = ("llama", "gpt")  # model/llama.py (RMSNorm, SwiGLU, RoPE) | model/gpt.py (LayerNorm, GeLU, tied)
+
+
 @dataclass
 class ModelSpec:
     name: str = "llama"
+    # llama: HF LlamaForCausalLM names; gpt: Megatron GPT (LayerNorm + biases, GeLU MLP of intermediate_size,
+    # learned positions, tied embeddings, vocabulary padded per TP degree; num_kv_heads = num_heads)
+    family: str = "llama"
     vocab_size: int = 32000
     hidden_size: int = 4096
     intermediate_size: int = 11008
@@ -29,15 +35,27 @@ class ModelSpec:
     num_heads: int = 32
     num_kv_heads: int = 32
     rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
+    rms_norm_eps: float = 1e-5  # the norm's epsilon: RMSNorm (llama) or LayerNorm (gpt)
     max_position_embeddings: int = 4096
     fused_qkv: bool = False  # one qkv_proj as in the MLPerf Llama-2-70B checkpoint
     init_std: float = 0.02
     path: str | None = None  # Hugging Face checkpoint dir (config.json + *.safetensors)
 
+    # gpt: the embedding's rows are the vocabulary padded to a multiple of this x parallel.tp (Megatron's
+    # --make-vocab-size-divisible-by); llama keeps vocab_size rows
+    make_vocab_size_divisible_by: int = 128
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        """Rows of the embedding and the output layer: Megatron pads the GPT vocabulary to a multiple
+        of make_vocab_size_divisible_by x tp, so every TP rank holds an equal, aligned block."""
+        if self.family != "gpt":
+            return self.vocab_size
+        multiple = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple
 
 
 @dataclass

@@ -23,6 +23,7 @@ from trainperf.core.spec import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
     LORA_KERNELS,
+    MODEL_FAMILIES,
     OPTIMIZERS,
     PP_SCHEDULES,
     RECOMPUTE_MODES,
@@ -42,8 +43,10 @@ def validate_layout(spec: RunSpec, cuda: bool) -> None:
     if p.sp and p.tp == 1:
         raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:
-        for name, value in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
-                            ("intermediate_size", m.intermediate_size), ("vocab_size", m.vocab_size)):
+        # a GPT pads its vocabulary to a multiple of tp (ModelSpec.padded_vocab_size)
+        sharded = (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
+                   ("intermediate_size", m.intermediate_size)) + (() if m.family == "gpt" else (("vocab_size", m.vocab_size),))
+        for name, value in sharded:
             if value % p.tp:
                 raise SpecError(f"model.{name}={value} is not divisible by parallel.tp={p.tp}; "
                                 f"choose tp among the divisors of {value}")
@@ -152,6 +155,7 @@ def check_choices(spec: RunSpec) -> None:
     valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
     p, t, h = spec.parallel, spec.train, spec.hardware
     for key, value, valid in (
+            ("model.family", spec.model.family, MODEL_FAMILIES),
             ("parallel.pp_schedule", p.pp_schedule, PP_SCHEDULES),
             ("train.recompute", t.recompute, RECOMPUTE_MODES),
             ("train.recompute_others", t.recompute_others, ("none", "selective")),
@@ -207,8 +211,10 @@ def check_values(spec: RunSpec) -> None:
         raise SpecError(
             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
         )
-    if m.head_dim % 2:
+    if m.head_dim % 2 and m.family == "llama":
         raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
+    if m.family == "gpt":
+        _check_gpt_model(spec)
     for name in ("rope_theta", "rms_norm_eps", "init_std"):
         _above(f"model.{name}", getattr(m, name), 0)
     _at_least("lora.rank", lo.rank, 0, " (0 disables LoRA)")
@@ -259,6 +265,23 @@ def check_values(spec: RunSpec) -> None:
             raise SpecError(f"hardware.gpu={h.gpu!r}: no peak FLOP/s known for it; valid: auto (the device's own "
                             f"name), {', '.join(PEAK_BF16_FLOPS)}, or give hardware.peak_tflops")
     _at_least("hardware.host_mem_gib", h.host_mem_gib, 0.0, " (0: this machine's memory)")
+
+
+def _check_gpt_model(spec: RunSpec) -> None:
+    """What the GPT family (model/gpt.py) has and lacks: multi-head attention, a padded vocabulary, no
+    LoRA, fused qkv or Llama-only kernels."""
+    m = spec.model
+    if m.num_kv_heads != m.num_heads:
+        raise SpecError(f"model.family=gpt has multi-head attention: model.num_kv_heads={m.num_kv_heads} must equal "
+                        f"model.num_heads={m.num_heads}")
+    _at_least("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, 1)
+    for key, value, llama_only in (("lora.rank", spec.lora.rank, spec.lora.enabled),
+                                   ("model.fused_qkv", m.fused_qkv, m.fused_qkv),
+                                   ("hardware.attention", spec.hardware.attention, spec.hardware.attention != "sdpa"),
+                                   ("hardware.fp8", spec.hardware.fp8, spec.hardware.fp8 != "none")):
+        if llama_only:
+            raise SpecError(f"{key}={value} is for model.family=llama; the GPT family trains every weight with SDPA "
+                            "attention in bf16 (leave it at its default)")
 
 
 def _validate_optimizer(t: TrainSpec) -> None:

@@ -104,21 +104,25 @@ def load_split(path: str, split: str) -> TokenSplit:
 # Format dispatch: inspect (headers, before launch), verify (a full pass, before launch), load.
 
 def dataset_format(path: str) -> str:
-    """'safetensors', 'govreport-parquet', 'govreport-npy' or 'pretok'; SpecError when none fits."""
-    from trainperf.data import govreport, pretok
+    """'safetensors', 'govreport-parquet', 'govreport-npy', 'pretok' or 'megatron' (indexed .bin/.idx);
+    SpecError when none fits."""
+    from trainperf.data import govreport, megatron, pretok
 
     p = Path(path)
     if not p.is_dir():
         raise SpecError(f"data.path {path!r} is not a directory")
     if pretok.detect(path):
         return "pretok"
+    if megatron.detect(path):
+        return "megatron"
     found = govreport.detect(path)
     if found:
         return found
     if any((p / f"{s}.safetensors").is_file() for s in SPLITS):
         return "safetensors"
     raise SpecError(f"data.path {path!r} holds no dataset trainperf reads: expected train/validation .safetensors, "
-                    "GovReport train*/validation*.parquet or train.npy/validation.npy, or a pretok dir (meta.json)")
+                    "GovReport train*/validation*.parquet or train.npy/validation.npy, a pretok dir (meta.json), "
+                    "or Megatron indexed datasets train*.idx/.bin and validation*.idx/.bin")
 
 
 def _reader(path: str):
@@ -128,6 +132,10 @@ def _reader(path: str):
         from trainperf.data import pretok
 
         return pretok.inspect_pretok, pretok.verify_pretok_tokens, pretok.PackedTokenSplit
+    if fmt == "megatron":
+        from trainperf.data import megatron
+
+        return megatron.inspect_megatron, megatron.verify_megatron_tokens, megatron.MegatronTokenSplit
     if fmt.startswith("govreport"):
         from trainperf.data import govreport
 

@@ -1,6 +1,24 @@
-"""Published MLPerf Training llama2_70b_lora results (time to train, minutes; olympic mean of 10 runs),
-from the MLCommons results repositories
-(github.com/mlcommons/training_results_v4.0 ... v5.1, results/*/llama2_70b_lora/result_*.txt)."""
+"""Published MLPerf Training results: the llama2_70b_lora table the HTML report shows (time to train,
+minutes; olympic mean of 10 runs, from the MLCommons results repositories,
+github.com/mlcommons/training_results_v4.0 ... v5.1, results/*/llama2_70b_lora/result_*.txt), and the
+reader of submission folders behind `trainperf import` (each result_*.txt as a run of its engine)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainperf.core import flops as metrics
+from trainperf.core.errors import SpecError
+from trainperf.core.hardware import peak_flops_for
+from trainperf.core.spec import RunSpec
+from trainperf.mlperf.recipes import RECIPES
+
 
 SOURCE = "MLCommons training_results_v4.0-v5.1, llama2_70b_lora (github.com/mlcommons/training_results_v4.x/v5.x, results/*/llama2_70b_lora/result_*.txt)"
 
@@ -20,3 +38,336 @@ LLAMA2_70B_LORA = [
     ("v4.1", "Azure", "ND_H200_v5 x64", "H200", 512, 64, 1.61),
     ("v4.1", "NVIDIA", "Eos_n128", "H100", 1024, 128, 1.19),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading MLPerf submission folders: <org>/results/<system>/<benchmark>/result_*.txt, the system's
+# <org>/systems/<system>.json and the implementation's config scripts that set the layout (NeMo's
+# logs do not echo it)
+
+
+EXPORT_LINE = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+SOURCE_LINE = re.compile(r"^\s*source\s+.*?/?([A-Za-z0-9_.-]+\.sh)\s*$")  # source $(dirname ${BASH_SOURCE[0]})/x.sh
+DEFAULT_LINE = re.compile(r'^\s*:\s*"\$\{([A-Za-z_][A-Za-z0-9_]*):=([^}]*)\}"')
+# the config variables that name each layout field, first found wins (NeMo's LoRA and pretraining
+# scripts spell them differently)
+LAYOUT_VARIABLES = {"tp": ("TENSOR_MODEL_PARALLEL", "TP"), "pp": ("PIPELINE_MODEL_PARALLEL", "PP"),
+                    "cp": ("CONTEXT_PARALLEL", "CP"), "vp": ("INTERLEAVED_PIPELINE",),
+                    "mbs": ("MICRO_BATCH_SIZE", "MBS"), "sp": ("SP", "SEQ_PARALLEL"), "local_batch": ("MINIBS",),
+                    "nodes": ("DGXNNODES",)}
+
+
+@dataclass
+class ImportedRun:
+    """One published run, as the store keeps it (``row``), or why it could not be read (``missing``)."""
+
+    path: str
+    engine: str = ""
+    row: dict = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+def _shell_value(raw: str) -> str:
+    """The literal of ``export K=V``: quotes and trailing comments dropped, ``${K:=V}`` defaults taken."""
+    raw = raw.split(" #")[0].strip().rstrip(";").strip()
+    m = re.fullmatch(r'"?\$\{[A-Za-z_0-9]+:=([^}]*)\}"?', raw)
+    return (m.group(1) if m else raw).strip("\"'")
+
+
+def read_config_script(path: Path, commons: list[Path], seen: set | None = None) -> dict[str, str]:
+    """The exported variables of a config script and those it sources (a sourced file missing beside
+    it is looked for among ``commons``, the config_common.sh of the benchmark's implementations);
+    later assignments win, as in bash."""
+    seen = seen if seen is not None else set()
+    if path in seen:
+        return {}
+    seen.add(path)
+    out: dict[str, str] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if m := SOURCE_LINE.match(line):
+            sourced = path.parent / m.group(1)
+            sourced = sourced if sourced.is_file() else next((c for c in commons if c.name == m.group(1)), None)
+            if sourced is not None:
+                out.update(read_config_script(sourced, commons, seen))
+        elif m := EXPORT_LINE.match(line) or DEFAULT_LINE.match(line):
+            out[m.group(1)] = _shell_value(m.group(2))
+    return out
+
+
+def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        try:
+            return int(float(env[name]))
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+def config_layout(env: dict[str, str], gpus: int) -> dict:
+    """Layout fields from a config's variables: tp, pp, cp, vp, sp, mbs, dp, the per-DP-rank batch."""
+    got = {k: _first_int(env, names) for k, names in LAYOUT_VARIABLES.items() if k != "sp"}
+    tp, pp, cp = got["tp"] or 1, got["pp"] or 1, got["cp"] or 1
+    dp = gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else 0
+    # Megatron turns sequence parallelism on with TP unless the script says SP=0
+    sp = tp > 1 and (_truthy(env["SP"]) if "SP" in env else True)
+    return {"tp": tp, "pp": pp, "cp": cp, "vp": got["vp"] or 1, "sp": sp, "mbs": got["mbs"] or 1, "dp": dp,
+            "local_batch": got["local_batch"], "nodes": got["nodes"],
+            "fp8": _truthy(env.get("FP8")), "fp8_attention": _truthy(env.get("FP8_DPA"))}
+
+
+def submission_org_dirs(path: Path) -> list[Path]:
+    """The <org> folders (holding results/) at ``path`` or up to two levels below it (a round's
+    folder holds several orgs)."""
+    found = []
+    for depth in range(3):
+        pattern = "/".join(["*"] * depth)
+        for d in sorted([path] if depth == 0 else path.glob(pattern)):
+            if d.is_dir() and (d / "results").is_dir():
+                found.append(d)
+        if found:
+            return found
+    return found
+
+
+def round_ruleset(org_dir: Path, default: str) -> str:
+    """The training ruleset of the round folder above an org (v4.1 -> 4.1.0), else ``default``."""
+    m = re.fullmatch(r"v(\d+)\.(\d+)", org_dir.parent.name)
+    return f"{m.group(1)}.{m.group(2)}.0" if m else default
+
+
+def engine_name(implementation: Path | None, system: dict) -> str:
+    """The engine a submission ran: its implementation folder's last word (eos_n8_ngc24.09_nemo, nemo),
+    else the system description's framework_name's."""
+    for text in (implementation.name if implementation else "", system.get("framework_name", "")):
+        word = re.split(r"[_\s]", str(text).strip())[-1].lower() if text else ""
+        if word and not re.fullmatch(r"n?\d+", word):
+            return word
+    return ""
+
+
+def parsed_log(path: Path, ruleset: str) -> tuple[list, list]:
+    """(log lines, parse errors) of an MLPerf log, by mlperf-logging's parser: read once, used by the
+    compliance check and the tracked_stats below."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    return parse_file(str(path), ruleset=ruleset)
+
+
+def compliance_failure(loglines: list, errors: list, ruleset: str) -> str | None:
+    """The compliance checker's first complaint about a parsed log (None when it passes), as its
+    check_file would report it."""
+    # the package's own checker, in-process (the CLI form spawns an interpreter per log)
+    from mlperf_logging.compliance_checker import mlp_compliance
+
+    from trainperf.mlperf.score import captured_logging
+
+    checker = mlp_compliance.make_checker("training", ruleset, True, False)
+    if errors:
+        checker.put_message("Log lines had parsing errors.")
+    with captured_logging() as records:
+        checker.check_loglines(loglines, f"training_{ruleset}/common.yaml")
+    if not checker.has_messages():
+        return None
+    messages = [*checker.overwritable.values(), *checker.not_overwritable] or [r.getMessage() for r in records]
+    return " ".join(str(messages[0]).split())[:200] if messages else "failed"
+
+
+def tracked_stats(loglines: list) -> dict[str, list[float]]:
+    """The log's tracked_stats values by name, in order, and max_sequence_length when logged."""
+    out: dict[str, list[float]] = {}
+    for ll in loglines:
+        v = ll.value if isinstance(ll.value, dict) else {}
+        if ll.key == "tracked_stats" and isinstance(v.get("value"), dict):
+            for name, x in v["value"].items():
+                if isinstance(x, (int, float)):
+                    out.setdefault(name, []).append(float(x))
+        elif ll.key == "max_sequence_length" and isinstance(v.get("value"), int):
+            out["max_sequence_length"] = [float(v["value"])]
+    return out
+
+
+def step_seconds_from_stats(stats: dict[str, list[float]], gbs: int) -> tuple[float | None, str]:
+    """(seconds per optimizer step, what it came from): the median logged step time; else GBS over
+    the median logged throughput (samples/s: what NeMo's LoRA callback logs); None if neither."""
+    for key in ("train_step_time", "train_step_timing in s"):
+        if stats.get(key):
+            return statistics.median(stats[key]), f"median tracked_stats.{key}"
+    if stats.get("throughput"):
+        return gbs / statistics.median(stats["throughput"]), "GBS / median tracked_stats.throughput (samples/s)"
+    return None, ""
+
+
+def implementation_configs(org_dir: Path, benchmark: str) -> tuple[list[Path], list[Path]]:
+    """(the config_*.sh of every implementation of the benchmark, the config_common.sh among them)."""
+    impl = org_dir / "benchmarks" / benchmark / "implementations"
+    scripts = sorted(impl.rglob("config_*.sh")) if impl.is_dir() else []
+    return [s for s in scripts if s.name != "config_common.sh" and not s.name.startswith("config_common")], \
+        [s for s in scripts if s.name.startswith("config_common")]
+
+
+def matching_config(configs: list[Path], commons: list[Path], system_name: str, gpus: int, nodes: int,
+                    gbs: int) -> tuple[Path | None, dict, str]:
+    """The config that ran this system: nodes and the per-rank batch x data-parallel ranks agree with
+    the system and the log's GBS; one in the system's own implementation folder first. (path, layout,
+    why none) -- the layout of a config that contradicts the log is not used."""
+    candidates = sorted(configs, key=lambda c: c.parent.name != system_name and c.parent.parent.name != system_name)
+    reasons = []
+    for path in candidates:
+        lay = config_layout(read_config_script(path, commons), gpus)
+        if lay["nodes"] not in (None, nodes):
+            reasons.append(f"{path.name}: DGXNNODES={lay['nodes']}, the system has {nodes} nodes")
+            continue
+        if not lay["dp"]:
+            reasons.append(f"{path.name}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide {gpus} GPUs")
+            continue
+        if lay["local_batch"] is not None and lay["local_batch"] * lay["dp"] != gbs:
+            reasons.append(f"{path.name}: MINIBS {lay['local_batch']} x DP {lay['dp']} = "
+                           f"{lay['local_batch'] * lay['dp']}, the log's global_batch_size is {gbs}")
+            continue
+        return path, lay, ""
+    return None, {}, "; ".join(reasons) or "no config_*.sh under benchmarks/<benchmark>/implementations"
+
+
+def run_spec(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> RunSpec:
+    """The run as a trainperf spec: the benchmark's recipe at this GBS with the published layout."""
+    recipe = RECIPES[benchmark]
+    spec = recipe(gbs) if benchmark in ("gpt3", "llama31_405b") else recipe()
+    spec.train.global_batch_size, spec.train.micro_batch_size = gbs, lay["mbs"]
+    if seq_len:
+        spec.data.seq_len = seq_len
+    p = spec.parallel
+    p.tp, p.pp, p.cp, p.sp = lay["tp"], lay["pp"], lay["cp"], lay["sp"]
+    p.dp_replicate, p.dp_shard = 1, lay["dp"]
+    if lay["pp"] > 1:
+        p.pp_schedule = "Interleaved1F1B" if lay["vp"] > 1 else "1F1B"
+        p.pp_stages_per_rank = lay["vp"] if lay["vp"] > 1 else 0
+    spec.hardware.device = "cuda"
+    spec.hardware.fp8 = "tensorwise" if lay["fp8"] else "none"
+    # none of the configs asks for activation recomputation (Megatron's default is none), and an FP8
+    # LoRA run keeps its frozen base in FP8 (Transformer Engine's fp8 weights)
+    spec.train.recompute = "none"
+    if spec.lora.enabled and lay["fp8"]:
+        spec.hardware.frozen_dtype = "fp8"
+    spec.mlperf.comparable = False  # another engine's run: compared, not scored as ours
+    return spec
+
+
+def read_submissions(paths: list[str], default_ruleset: str) -> tuple[list[ImportedRun], list[str]]:
+    """Every result_*.txt of the submission folders at ``paths``: (runs that are complete, one line per
+    thing that stopped a folder or a log from being imported). A run is complete with its benchmark,
+    GPUs, layout (from the config that matches it), GBS, step time or throughput and a passing
+    compliance check; anything short of that is reported, not stored in part."""
+    runs, problems = [], []
+    for raw in paths:
+        path = Path(raw)
+        orgs = submission_org_dirs(path) if path.is_dir() else []
+        if not orgs:
+            problems.append(f"{raw}: not an MLPerf submission folder (expected <org>/results/<system>/<benchmark>/"
+                            "result_*.txt, or a round folder holding such orgs)")
+        for org_dir in orgs:
+            ruleset = round_ruleset(org_dir, default_ruleset)
+            for bench_dir in sorted(p for p in (org_dir / "results").glob("*/*") if p.is_dir()):
+                got, missing = read_benchmark_dir(org_dir, bench_dir, ruleset)
+                runs += got
+                problems += missing
+    return runs, problems
+
+
+def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str) -> tuple[list[ImportedRun], list[str]]:
+    """The runs of one results/<system>/<benchmark> folder, or why they cannot be imported."""
+    system_name, benchmark = bench_dir.parent.name, bench_dir.name
+    where = f"{org_dir.parent.name}/{org_dir.name}/results/{system_name}/{benchmark}"
+    logs = sorted(bench_dir.glob("result_*.txt"), key=lambda p: [int(t) if t.isdigit() else t
+                                                                 for t in re.split(r"(\d+)", p.name)])
+    if not logs:
+        return [], [f"{where}: no result_*.txt"]
+    if benchmark not in RECIPES:
+        return [], [f"{where}: benchmark {benchmark!r} has no trainperf recipe (known: {', '.join(RECIPES)})"]
+    sys_file = org_dir / "systems" / f"{system_name}.json"
+    try:
+        system = json.loads(sys_file.read_text())
+        nodes, per_node = int(system["number_of_nodes"]), int(system["accelerators_per_node"])
+        accelerator = str(system["accelerator_model_name"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [], [f"{where}: system description {sys_file.name} unreadable or incomplete ({type(exc).__name__}: {exc})"]
+    gpus = nodes * per_node
+    configs, commons = implementation_configs(org_dir, benchmark)
+    out, problems = [], []
+    for log in logs:
+        item = read_one_log(log, where, system, system_name, benchmark, nodes, per_node, accelerator, configs, commons,
+                            ruleset)
+        (out.append(item) if not item.missing else problems.extend(item.missing))
+    return out, problems
+
+
+def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmark: str, nodes: int, per_node: int,
+                 accelerator: str, configs: list[Path], commons: list[Path], ruleset: str) -> ImportedRun:
+    """One published run as a store row (``missing`` says what stopped it)."""
+    # the log reader of `score` (mlperf_logging's parser), the same package
+    from trainperf.mlperf.score import read_run
+
+    item, label, gpus = ImportedRun(path=str(log)), f"{where}/{log.name}", nodes * per_node
+    try:
+        run = read_run(log, ruleset)
+    except SpecError as exc:
+        item.missing.append(f"{label}: {exc}")
+        return item
+    if run.benchmark != benchmark:
+        item.missing.append(f"{label}: logs submission_benchmark {run.benchmark!r} in a {benchmark} folder")
+    loglines, errors = parsed_log(log, ruleset)
+    failure = compliance_failure(loglines, errors, ruleset)
+    if failure:
+        item.missing.append(f"{label}: fails the {ruleset} compliance checker: {failure}")
+    gbs = int(run.gbs) if isinstance(run.gbs, (int, float)) else 0
+    if not gbs:
+        item.missing.append(f"{label}: no global_batch_size logged")
+    config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs)
+    if config is None:
+        item.missing.append(f"{label}: no config sets this run's layout ({why})")
+    stats = tracked_stats(loglines)
+    step_s, basis = step_seconds_from_stats(stats, gbs) if gbs else (None, "")
+    if step_s is None:
+        item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput)")
+    if item.missing:
+        return item
+    item.engine = engine_name(config.parent, system) or "unknown"
+    seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
+    spec = run_spec(benchmark, gbs, seq, lay)
+    seq = spec.data.seq_len
+    tokens_per_s = gbs * seq / step_s
+    # MFU as for our runs: the model's own FLOPs against the dense bf16 peak (989 TFLOP/s for H100/H200)
+    flops = metrics.train_flops_per_token(spec.model, spec.lora, seq) * tokens_per_s / gpus
+    key = "/".join([where, log.name])
+    item.row = {
+        "run_id": "imp-" + hashlib.sha1(key.encode()).hexdigest()[:12],
+        "created_at": (run.run_start_ms or 0.0) / 1000, "finished_at": (run.run_stop_ms or 0.0) / 1000 or None,
+        "workload": benchmark, "status": "success" if run.success else "failed",
+        "status_reason": None if run.success else run.failure, "division": run.division, "comparable": 0,
+        "spec_json": json.dumps(spec.to_dict(), sort_keys=True), "layout": layout_label(lay), "world_size": gpus,
+        "hardware_json": json.dumps({"device": "cuda", "gpu": accelerator, "gpus": gpus, "nodes": nodes,
+                                     "gpus_per_node": per_node, "system": system.get("system_name", system_name),
+                                     "network": system.get("host_networking", ""),
+                                     "interconnect": system.get("accelerator_interconnect", "")}),
+        "software_json": json.dumps({"framework": system.get("framework", ""), "org": run.org,
+                                     "round": Path(where).parts[0], "config": str(config), "step_time_basis": basis,
+                                     "precision": ("fp8" + (" (+fp8 attention)" if lay["fp8_attention"] else ""))
+                                     if lay["fp8"] else "bf16"}),
+        "time_to_train_s": run.minutes * 60 if run.success else None,
+        "samples_to_target": run.samples_to_converge, "step_time_s": step_s, "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_gpu": tokens_per_s / gpus, "model_tflops_per_gpu": flops / 1e12,
+        "mfu": metrics.mfu(1.0, flops, peak_flops_for(accelerator)), "out_dir": str(log.parent), "mllog_path": str(log),
+        "engine": item.engine,
+    }
+    return item
+
+
+def layout_label(lay: dict) -> str:
+    """NVIDIA's layout in the store's words: TP4 SP CP2 PP8 (VP6) DP8 MBS 2."""
+    parts = [f"TP{lay['tp']}" + (" SP" if lay["sp"] else "")] if lay["tp"] > 1 else []
+    parts += [f"CP{lay['cp']}"] if lay["cp"] > 1 else []
+    parts += [f"PP{lay['pp']}" + (f" VP{lay['vp']}" if lay["vp"] > 1 else "")] if lay["pp"] > 1 else []
+    return " ".join(parts + [f"DP{lay['dp']}", f"MBS {lay['mbs']}"])

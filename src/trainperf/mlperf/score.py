@@ -364,7 +364,7 @@ def _roles(runs: list[RunResult], benchmark: str, counted: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def _captured_logging() -> Iterator[list[logging.LogRecord]]:
+def captured_logging() -> Iterator[list[logging.LogRecord]]:
     """mlperf_logging reports through the root logger (and the compliance checker prints nothing to
     stdout); collect its records instead of letting them reach the terminal."""
     records: list[logging.LogRecord] = []
@@ -408,7 +408,7 @@ def rcp_reference_samples(benchmark: str, gbs: int, ruleset: str = DEFAULT_RULES
     from mlperf_logging.rcp_checker import rcp_checker
 
     try:
-        with _captured_logging():
+        with captured_logging():
             checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
             name, ref, kind = _rcp_reference(checker, gbs)
     except Exception:  # no RCP file for this benchmark / ruleset
@@ -450,7 +450,7 @@ def rcp_check(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> dict:
         if r.success and r.samples_to_converge is None:
             raise SpecError(f"{r.name}: run_stop says success but no eval_accuracy with samples_count precedes it "
                             "(the RCP check needs samples to converge)")
-    with tempfile.TemporaryDirectory(prefix="trainperf-rcp-") as tmp, _captured_logging() as records, \
+    with tempfile.TemporaryDirectory(prefix="trainperf-rcp-") as tmp, captured_logging() as records, \
             warnings.catch_warnings():
         _stage(runs, Path(tmp))
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy: mean of an empty slice when < 3 runs
@@ -661,7 +661,7 @@ def check_package(org_dir: str | os.PathLike, ruleset: str = DEFAULT_RULESET) ->
     """
     from mlperf_logging.package_checker import package_checker as pc
 
-    with _captured_logging() as records:
+    with captured_logging() as records:
         systems_ok = pc.check_systems(str(org_dir), USAGE, ruleset)
         results_ok = pc.check_training_result_files(str(org_dir), USAGE, ruleset, quiet=False, werror=False,
                                                     rcp_bypass=False, rcp_bert_train_samples=False,

@@ -183,6 +183,12 @@ class LlamaForCausalLM(nn.Module):
     ``options.fp8`` asks for them, are part of the build (model/float8.py), so every later step --
     tensor parallel, compile, FSDP2 -- sees the final modules."""
 
+    # where the parallel techniques find the parts they treat alike in every family
+    # (parallel/parallelize.py): the decoder layers, what only the first and only the last stage keeps
+    LAYERS = "model.layers"
+    FIRST_STAGE_MODULES = ("model.embed_tokens",)
+    LAST_STAGE_MODULES = ("model.norm", "lm_head")
+
     def __init__(self, cfg: ModelSpec, options: ModelOptions | None = None, lora: LoRASpec | None = None):
         super().__init__()
         options = options or ModelOptions()

@@ -5,11 +5,12 @@ pinned host memory (train.offload_layers, parallel/offload.py) and per-layer tor
 (train.compile) all change how a layer's forward runs, never what it computes; the wrapper takes
 them as constructor arguments, and parallelize builds one per decoder layer (steps 4 and 5 there).
 
-The wrapper takes the layer's place in ``model.model.layers`` and holds the layer's own submodules
-under their own names, so parameter names stay those of the plain model
-(``model.layers.{i}.self_attn.q_proj.weight``: checkpoints, FSDP2 and the PEFT export see no change,
-where ``checkpoint_wrapper`` would insert ``_checkpoint_wrapped_module`` into every name); the
-decoder layer's own forward (``DecoderLayer.forward``) runs on them.
+The wrapper takes the layer's place in the model's decoder layers (``model.model.layers`` of a Llama,
+``decoder.layers`` of a GPT) and holds the layer's own submodules under their own names, so parameter
+names stay those of the plain model (``model.layers.{i}.self_attn.q_proj.weight``: checkpoints, FSDP2
+and the PEFT export see no change, where ``checkpoint_wrapper`` would insert
+``_checkpoint_wrapped_module`` into every name); the decoder layer's own forward (its class's
+``forward``: a Llama layer takes (x, cos, sin), a GPT layer (x,)) runs on them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from trainperf.model.llama import DecoderLayer
 
 MEMORY_MODES = ("none", "selective", "full", "offload")  # core.layout.layer_memory_modes' values
 
@@ -34,7 +33,7 @@ class LayerWrapper(nn.Module):
       graph; a selective one compiles the checkpoint with it, since the policy has to see the
       graph's individual ops (parallelize.apply_compile says why).
 
-    ``layer``: a DecoderLayer, or a LayerWrapper whose layer this one wraps instead."""
+    ``layer``: a decoder layer of any family, or a LayerWrapper whose layer this one wraps instead."""
 
     def __init__(self, layer: nn.Module, index: int, memory_mode: str = "none", context_fn=None,
                  offloader=None, compile_backend: str | None = None, compile_options: dict | None = None):
@@ -44,6 +43,8 @@ class LayerWrapper(nn.Module):
         assert (memory_mode == "offload") == (offloader is not None), "an offloaded layer takes its offloader"
         for name, child in layer.named_children():
             self.add_module(name, child)
+        # the decoder layer's class forward, run on the submodules this wrapper now holds
+        self.layer_class_forward = layer.layer_class_forward if isinstance(layer, LayerWrapper) else type(layer).forward
         self.index, self.memory_mode, self.context_fn, self.offloader = index, memory_mode, context_fn, offloader
         self.compile_backend = compile_backend
         # the part of the forward that a compiled layer compiles
@@ -52,17 +53,18 @@ class LayerWrapper(nn.Module):
             body = torch.compile(body, fullgraph=True, backend=compile_backend, options=compile_options)
         self.body = body
 
-    def layer_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def layer_forward(self, *args: torch.Tensor) -> torch.Tensor:
         """The decoder layer's own forward, on the submodules this wrapper holds."""
-        return DecoderLayer.forward(self, x, cos, sin)
+        return self.layer_class_forward(self, *args)
 
-    def selective_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.layer_forward, x, cos, sin, use_reentrant=False, context_fn=self.context_fn)
+    def selective_forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.layer_forward, *args, use_reentrant=False, context_fn=self.context_fn)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        """args: the decoder layer's own inputs (Llama: x, cos, sin; GPT: x)."""
         if self.memory_mode == "full":  # checkpoint's default context, around the (compiled) forward
-            return checkpoint(self.body, x, cos, sin, use_reentrant=False)
+            return checkpoint(self.body, *args, use_reentrant=False)
         if self.memory_mode == "offload":
-            with self.offloader.layer_context(self.index, self, (x, cos, sin)):
-                return self.body(x, cos, sin)
-        return self.body(x, cos, sin)
+            with self.offloader.layer_context(self.index, self, args):
+                return self.body(*args)
+        return self.body(*args)

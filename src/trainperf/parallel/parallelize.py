@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainperf.core.layout import MESH_DIMS, Layout, layer_memory_modes, stages_per_rank
 from trainperf.core.spec import ParallelSpec, RunSpec
 from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
+from trainperf.model.families import decoder_layers
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
 from trainperf.parallel.layer_wrapper import LayerWrapper
@@ -52,10 +53,12 @@ def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
 def split_for_pipeline(model: nn.Module, p: ParallelSpec, pp_rank: int) -> list[tuple[int, nn.Module]]:
     """Cut the (meta) model into pp x stages_per_rank stages of equal layer counts; this rank keeps
     stages pp_rank, pp_rank + pp, ... (looping placement, as the interleaved schedule expects).
-    The first stage keeps the embedding, the last the final norm and LM head; parameter names stay
-    the full model's names, so checkpoints load and adapters export unchanged."""
+    The first stage keeps the embedding, the last the final norm and LM head (the model class names
+    them: FIRST_STAGE_MODULES, LAST_STAGE_MODULES); parameter names stay the full model's names, so
+    checkpoints load and adapters export unchanged. A GPT's tied output layer keeps, on the last
+    stage, its own copy of the embedding (tie_pipeline_embeddings keeps the two equal)."""
     n_stages = p.pp * stages_per_rank(p)
-    layers = list(model.model.layers.keys())
+    layers = list(decoder_layers(model).keys())
     per_stage = len(layers) // n_stages
     out = []
     for stage in range(pp_rank, n_stages, p.pp):
@@ -63,14 +66,54 @@ def split_for_pipeline(model: nn.Module, p: ParallelSpec, pp_rank: int) -> list[
         keep = set(layers[stage * per_stage:(stage + 1) * per_stage])
         for name in layers:
             if name not in keep:
-                del part.model.layers[name]
-        if stage != 0:
-            part.model.embed_tokens = None
-        if stage != n_stages - 1:
-            part.model.norm = None
-            part.lm_head = None
+                del decoder_layers(part)[name]
+        dropped = (() if stage == 0 else part.FIRST_STAGE_MODULES) + (
+            () if stage == n_stages - 1 else part.LAST_STAGE_MODULES)
+        for path in dropped:
+            parent, _, leaf = path.rpartition(".")
+            setattr(part.get_submodule(parent), leaf, None)
         out.append((stage, part))
     return out
+
+
+def stage_module(model: nn.Module, path: str) -> nn.Module | None:
+    """The submodule at ``path``, or None where this pipeline stage dropped it."""
+    parent, _, leaf = path.rpartition(".")
+    return getattr(model.get_submodule(parent), leaf)
+
+
+def embedding_groups(mesh: DeviceMesh):
+    """The process group of this rank's first and last pipeline stage (same data, context and tensor
+    coordinates): where a tied embedding's two copies sum their gradients (Megatron's embedding group).
+    Every rank creates every pair's group, as new_group requires; None for a middle stage."""
+    import torch.distributed as dist
+
+    ranks = mesh.mesh  # [pp, dp_replicate, dp_shard, cp, tp] global ranks
+    mine = None
+    for first, last in zip(ranks[0].flatten().tolist(), ranks[-1].flatten().tolist()):
+        group = dist.new_group([first, last])
+        if dist.get_rank() in (first, last):
+            mine = group
+    return mine
+
+
+def tie_pipeline_embeddings(parts: list[nn.Module], group) -> None:
+    """After the backward: the first stage's embedding and the last stage's output-layer copy each
+    hold the gradient of their own use; both get the sum, so the two copies take the same step and
+    stay equal (both start from the same, name-seeded value)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    for part in parts:
+        for module in (getattr(part, "embedding", None), getattr(part, "output_layer", None)):
+            if module is None:
+                continue
+            weight = module.word_embeddings.weight if hasattr(module, "word_embeddings") else module.weight
+            grad = weight.grad
+            if grad is None:
+                grad = torch.zeros_like(weight)
+                weight.grad = grad
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=group)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +205,52 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     # restore every flag so frozen weights stay frozen under LoRA.
     for n, q in model.named_parameters():
         q.requires_grad_(frozen[n])
+
+
+def apply_tp_gpt(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron's TP for the GPT family: the vocabulary-padded word embedding split by rows
+    (vocabulary), positions replicated, the sum scattered along the sequence under SP; linear_qkv and
+    linear_fc1 column-parallel (whole heads per rank: Megatron's per-head [q; k; v] rows), linear_proj
+    and linear_fc2 row-parallel; LayerNorms sequence-parallel with SP; the output layer column-parallel
+    over the vocabulary with loss-parallel output, on the embedding's own (tied) weight."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top = {}
+    if model.embedding is not None:
+        top["embedding.word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sequence_parallel:  # word + position embeddings summed whole, then each rank keeps its positions
+            top["embedding"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
+    if model.decoder.final_layernorm is not None and sequence_parallel:
+        top["decoder.final_layernorm"] = SequenceParallel()
+    if model.output_layer is not None:
+        top["output_layer"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(model, tp_mesh, top)
+    if model.embedding is not None and model.output_layer is not None:
+        # both styles shard the weight by vocabulary rows (Shard(0)); the output style's new Parameter
+        # object is replaced by the embedding's, so the two stay one tensor with one gradient
+        model.output_layer.weight = model.embedding.word_embeddings.weight
+    for layer in model.decoder.layers.values():
+        plan = {
+            "self_attention": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "self_attention.linear_qkv": ColwiseParallel(),
+            "self_attention.linear_proj": RowwiseParallel(output_layouts=seq),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "mlp.linear_fc1": ColwiseParallel(),
+            "mlp.linear_fc2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["pre_mlp_layernorm"] = SequenceParallel()
+        parallelize_module(layer, tp_mesh, plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,7 +351,7 @@ def wrap_layers(model: nn.Module, modes: list[str], offloader=None, compile_back
     saves, as it does for any function. Selective layers stay compiled with their checkpoint inside:
     the policy has to see the graph's individual ops."""
     selective = _selective_context_fns()
-    layers = model.model.layers
+    layers = decoder_layers(model)
     for index, (name, mode) in enumerate(zip(list(layers.keys()), modes)):
         layer = layers[name]
         context_fn = selective(_adapter_rank(layer)) if mode == "selective" else None
@@ -282,13 +371,13 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, n_layers: int = 
     decoder layers (Megatron's recompute-num-layers), -1 applies it to all; ``others``
     (train.recompute_others) is what the remaining layers get: none (keep their activations) or
     selective."""
-    wrap_layers(model, layer_memory_modes(len(model.model.layers), mode, n_layers, others, 0))
+    wrap_layers(model, layer_memory_modes(len(decoder_layers(model)), mode, n_layers, others, 0))
 
 
 def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
     """train.compile alone: each decoder layer compiled, keeping how it recomputes (if
     apply_activation_checkpointing wrapped it). ``backend``: tests capture with aot_eager."""
-    layers = model.model.layers
+    layers = decoder_layers(model)
     for index, name in enumerate(list(layers.keys())):
         layer = layers[name]
         # a new wrapper would drop them: wrap_layers compiles a layer it hooks (offload's prefetch)
@@ -310,15 +399,20 @@ def fsdp_mesh(mesh: DeviceMesh, p: ParallelSpec) -> DeviceMesh:
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None, pipelined: bool) -> None:
     """FSDP2 per decoder layer, the embedding, and [norm, lm_head] with the root; HSDP on a 2-D mesh
     (replicate, shard). Gradients are reduced in fp32 even when parameters are gathered in bf16.
-    Under PP parameters stay gathered between micro-batches (each is reused by many)."""
+    Under PP parameters stay gathered between micro-batches (each is reused by many). An embedding
+    tied to the output layer (GPT, one stage) stays in the root's group: one parameter in one group."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     reshard = not pipelined
-    for layer in model.model.layers.values():
+    for layer in decoder_layers(model).values():
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-    if model.model.embed_tokens is not None:
-        fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    output = {id(q) for path in model.LAST_STAGE_MODULES if (m := stage_module(model, path)) is not None
+              for q in m.parameters()}
+    for path in model.FIRST_STAGE_MODULES:
+        module = stage_module(model, path)
+        if module is not None and not any(id(q) in output for q in module.parameters()):
+            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     # the root keeps norm + lm_head; not resharded after forward since backward needs them first
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
@@ -329,8 +423,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     train.offload_layers): the engine reads how much it moved."""
     p, tr = spec.parallel, spec.train
     if p.tp > 1:
-        apply_tp(model, mesh["tp"], p.sp)
-    modes = layer_memory_modes(len(model.model.layers), tr.recompute, tr.recompute_layers, tr.recompute_others,
+        (apply_tp_gpt if spec.model.family == "gpt" else apply_tp)(model, mesh["tp"], p.sp)
+    modes = layer_memory_modes(len(decoder_layers(model)), tr.recompute, tr.recompute_layers, tr.recompute_others,
                                tr.offload_layers)
     offloader = None
     if "offload" in modes:

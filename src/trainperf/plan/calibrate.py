@@ -22,12 +22,13 @@ from trainperf.plan.hardware import scale_host_time as with_host_scale
 
 
 def measured_runs(store) -> list[tuple[RunSpec, dict, float, float | None]]:
-    """(spec, hardware, measured step seconds, measured peak GiB) of every stored GPU run with a step time."""
+    """(spec, hardware, measured step seconds, measured peak GiB) of every stored GPU run of this engine
+    with a step time."""
     out = []
     for row in store.list_runs(limit=10_000):
         hw = json.loads(row.get("hardware_json") or "{}")
-        if hw.get("device") != "cuda" or not row.get("step_time_s"):
-            continue
+        if hw.get("device") != "cuda" or not row.get("step_time_s") or row.get("engine"):
+            continue  # (another engine's imported runs fit that engine's profile, plan/engines.py)
         out.append((RunSpec.from_dict(json.loads(row["spec_json"])), hw, row["step_time_s"], row.get("peak_mem_gib")))
     return out
 

@@ -110,7 +110,7 @@ def layer_gemms(spec: RunSpec, tokens: float) -> list[tuple[float, float, float]
     names = ["qkv_proj"] if m.fused_qkv else ["q_proj", "k_proj", "v_proj"]
     proj = _projections(m)
     out = []
-    for name in names + ["o_proj", "gate_proj", "up_proj", "down_proj"]:
+    for name in [n for n in names + ["o_proj", "gate_proj", "up_proj", "down_proj"] if n in proj]:  # GPT: no gate
         i, o, column = proj[name]
         i, o = (i, o / t) if column else (i / t, o)
         out += [(tokens, i, o), (tokens, o, i)] + ([] if spec.lora.enabled else [(i, tokens, o)])
@@ -164,7 +164,8 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     if mode == "full":
         return 2.0 * h / seq_split
     if mode == "selective":
-        base_out = 2.0 * (q_out + 2 * kv_out + 2 * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
+        mlp_outs = 1 if m.family == "gpt" else 2  # GPT: linear_fc1 alone; Llama: gate and up
+        base_out = 2.0 * (q_out + 2 * kv_out + mlp_outs * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         # context parallel: ring attention issues one attention kernel per ring step and the policy
         # saves each one's output, not only the merged result -- c of them (an upper bound: with load
@@ -276,8 +277,9 @@ def forward_seconds(mb: MicroBatchSeconds, lin_mult: float) -> float:
 def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     s = rank_shape(spec)
     est = Estimate()
-    est.memory.update(weight_memory(spec, s))
-    layer_set = activation_memory(spec, s, est)
+    megatron = gpu.data_parallel == "distributed_optimizer"
+    est.memory.update(distributed_optimizer_memory(spec, s) if megatron else weight_memory(spec, s))
+    layer_set = activation_memory(spec, s, est, megatron_activation_bytes_per_token_layer(spec) if megatron else None)
     micro = compute_seconds(spec, s, gpu)
     add_recompute_seconds(spec, s, gpu, micro)
     add_offload_seconds(spec, s, gpu, gpus_per_node, layer_set, micro, est)
@@ -330,11 +332,51 @@ def inflight_layers(spec: RunSpec, s: RankShape) -> float:
     return s.L_rank * min(s.pp, s.mb) * (1 + (s.pp - 1) / (s.pp * s.v) if s.v > 1 else 1)
 
 
-def activation_memory(spec: RunSpec, s: RankShape, est: Estimate) -> float:
+def distributed_optimizer_memory(spec: RunSpec, s: RankShape) -> dict[str, float]:
+    """Megatron's distributed optimizer (ZeRO-1): every data-parallel rank holds its TP/PP share of the
+    weights (bf16, or one byte with FP8 parameters / an FP8 frozen base) and of the trained parameters'
+    bf16 gradient buffer; the fp32 master copy and both AdamW moments (12 B) are split over the
+    data-parallel group (context-parallel ranks included)."""
+    lo, t, d = spec.lora, s.t, s.d
+    fp8_weights = spec.hardware.fp8 != "none" or spec.hardware.frozen_dtype == "fp8"
+    weight_bytes = 1.0 if fp8_weights else 2.0
+    frozen = s.psi - s.psi_train if lo.enabled else 0.0
+    edge = s.p_edge * (2.0 - weight_bytes)  # the embedding and LM head stay bf16
+    return {"weights": (weight_bytes * (s.psi_train + frozen) + edge) / t,
+            "grads_bf16": 2.0 * s.psi_train / t,
+            "optimizer_states": (4.0 + OPTIMIZER_STATE_BYTES[spec.train.optimizer]) * s.psi_train / (t * d)}
+
+
+def megatron_activation_bytes_per_token_layer(spec: RunSpec) -> float:
+    """Bytes a Megatron / Transformer Engine decoder layer keeps for backward per token, with fused
+    attention (no S^2 term): Korthikanti et al. 2022's 34 h (/ t with sequence parallelism), written out
+    for GQA and a gated MLP. Per block: the norm's input (2 h) and the GEMM input it feeds (one byte
+    per element under FP8, Transformer Engine keeps the cast copy), on the sequence shard with SP;
+    attention: q, k, v, its output (bf16 for the kernel's backward, plus o_proj's GEMM input) and the
+    log-sum-exp; MLP: the up-projections' outputs and the activation's output (down_proj's input).
+    Under full recomputation only the layer input."""
+    m, p = spec.model, spec.parallel
+    seq_split = p.tp if p.sp else 1  # norms and GEMM inputs: split with SP, whole on every TP rank without
+    h, f, q, kv = m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if spec.train.recompute == "full":
+        return 2.0 * h / seq_split
+    g = 1.0 if spec.hardware.fp8 != "none" else 2.0  # bytes per element of a saved GEMM input
+    mlp_outs = 1 if m.family == "gpt" else 2  # GPT: one up-projection; Llama: gate and up
+    attention = (2.0 + g) * h / seq_split + (2.0 * (q + 2 * kv) + (2.0 + g) * q + 4.0 * m.num_heads) / p.tp
+    mlp = (2.0 + g) * h / seq_split + (2.0 * mlp_outs * f + g * f) / p.tp
+    return attention + mlp
+
+
+def activation_memory(spec: RunSpec, s: RankShape, est: Estimate, per_layer_override: float | None = None) -> float:
     """Adds the activations, the recompute transient, the logits and the pinned host bytes to ``est``;
-    returns one layer's whole saved set (bytes per micro-batch), what an offloaded layer copies."""
+    returns one layer's whole saved set (bytes per micro-batch), what an offloaded layer copies.
+    ``per_layer_override``: another engine's bytes per token per layer (every layer alike)."""
     tr = spec.train
     layers = inflight_layers(spec, s)
+    if per_layer_override is not None:
+        est.memory["activations"] = per_layer_override * s.tokens_mb * layers
+        est.memory["logits_and_loss"] = 10.0 * s.tokens_mb * s.V / s.t
+        return per_layer_override * s.tokens_mb
     # train.recompute_layers: only that share of each stage's layers is recomputed, the rest keep all;
     # train.offload_layers: that share keeps nothing on the GPU between its forward and its backward
     share, off_share = s.recomputed_share, s.offloaded_share
@@ -456,12 +498,15 @@ def add_tp_cp_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int,
         a_bytes = b * (S / c) * h * 2.0
         tp_bytes = 8 * (t - 1) / t * a_bytes * s.L_rank
         est.comm["tp"] = tp_bytes * s.mb
-        micro.tp = tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * s.L_rank * (s.tokens_mb / 8192)
+        micro.tp = gpu.tp_comm_exposed * tp_bytes / (gpu.intra_busbw_gbps * 1e9) + gpu.tp_overhead_s_per_layer * s.L_rank * (s.tokens_mb / 8192)
     if c > 1:  # ring attention: 3 (c-1) KV chunks per layer (Megatron context_parallel.md)
-        kv = 2.0 * b * (S / c) * m.num_kv_heads * m.head_dim * 2.0 * (m.num_heads // m.num_kv_heads)
+        # K and V of this TP rank's heads (this engine expands GQA's KV heads before the ring; an
+        # engine that rings the KV heads themselves sets gpu.cp_ring_expanded_kv = 0)
+        heads = m.num_kv_heads * (m.num_heads // m.num_kv_heads if gpu.cp_ring_expanded_kv else 1)
+        kv = 2.0 * b * (S / c) * heads * m.head_dim * 2.0 / t
         cp_bytes = 3 * (c - 1) * kv * s.L_rank
         est.comm["cp"] = cp_bytes * s.mb
-        micro.cp = max(0.0, cp_bytes / _bw(gpu, gpus_per_node, t * c) - gpu.comm_overlap * micro.attention)
+        micro.cp = max(0.0, cp_bytes / group_busbw(gpu, gpus_per_node, t * c, c) - gpu.comm_overlap * micro.attention)
 
 
 def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
@@ -479,27 +524,44 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
     point-to-point sends, the optimizer step."""
     p, tr, t, c, d, R, pp, mb = spec.parallel, spec.train, s.t, s.c, s.d, s.R, s.pp, s.mb
     t_fsdp = 0.0
-    if d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
+    if d > 1 and gpu.data_parallel == "distributed_optimizer":
+        t_fsdp = distributed_optimizer_seconds(spec, s, gpu, gpus_per_node, t_micro, est)
+    elif d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
         gather = 2 * (d - 1) / d * 2.0 * (s.L_rank * s.p_layer + s.p_edge) / t
         rs = (d - 1) / d * 4.0 * s.psi_train / t
         fsdp_bytes = (gather + rs) * mb
         est.comm["fsdp"] = fsdp_bytes
-        t_fsdp = max(0.0, fsdp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard) - gpu.comm_overlap * t_micro * mb)
+        t_fsdp = max(0.0, fsdp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard, d) - gpu.comm_overlap * t_micro * mb)
     t_dp = 0.0
     if R > 1:  # HSDP replicas all-reduce the (sharded) fp32 grads once per step
         dp_bytes = 2 * (R - 1) / R * 4.0 * s.psi_train / (t * d)
         est.comm["dp"] = dp_bytes
-        t_dp = max(0.0, dp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R) - gpu.comm_overlap * t_micro)
+        t_dp = max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R, R) - gpu.comm_overlap * t_micro)
     t_pp = 0.0
     t_bubble = 0.0
     if pp > 1:  # 1F1B/GPipe bubble (p-1)/m, interleaved (p-1)/(v m): Narayanan et al. 2021 2.2
         t_bubble = (pp - 1) / (s.v * mb) * t_micro * mb
         pp_bytes = 2 * mb * s.v * s.b * (s.S / c) * s.h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
-        t_pp = pp_bytes / _bw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
+        t_pp = pp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
     t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * s.psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
         + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
-    return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt}
+    return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt,
+            "step_fixed": gpu.step_overhead_s}
+
+
+def distributed_optimizer_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_micro: float,
+                                  est: Estimate) -> float:
+    """Megatron's distributed optimizer (ZeRO-1; NeMo's USE_DIST_OPTIMIZER): weights stay whole on every
+    data-parallel rank; once per step the bf16 gradients of the trained parameters are reduce-scattered
+    and the updated ones all-gathered (one byte each with FP8 parameters), bucket by bucket under the
+    last micro-batch's backward and the next step's first forward (overlap_grad_reduce,
+    overlap_param_gather). The data-parallel group includes the context-parallel ranks."""
+    p, d, t = spec.parallel, s.d, s.t
+    param_bytes = 1.0 if spec.hardware.fp8 != "none" else 2.0
+    dp_bytes = (d - 1) / d * (2.0 + param_bytes) * s.psi_train / t
+    est.comm["dp"] = dp_bytes
+    return max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * t_micro)
 
 
 def add_host_wait(spec: RunSpec, s: RankShape, gpu: GPU, est: Estimate) -> None:
@@ -516,7 +578,8 @@ def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micr
     """Eval seconds per row, tokens/s per GPU, MFU and the fit, from the step time."""
     # eval: the forward alone per sequence, pipeline stages in sequence
     fwd_micro = forward_seconds(micro, linear_flops_multiplier(spec)) + (micro.tp + micro.cp) / 3
-    est.eval_seconds_per_row = fwd_micro / s.b * s.pp
+    # (an engine that pipelines its eval batches through the stages, as Megatron does, pays the stages once)
+    est.eval_seconds_per_row = fwd_micro / s.b * (1 if gpu.pipelined_eval else s.pp)
     world = s.dp * s.t * s.c * s.pp
     tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world
@@ -634,10 +697,20 @@ def host_seconds_per_step(spec: RunSpec, gpu: GPU, micro_batches: int, layers_pe
     return micro_batches * layers_per_rank * per_layer
 
 
-def _bw(gpu: GPU, gpus_per_node: int, span: int) -> float:
-    """busbw (bytes/s) of a group whose ranks span ``span`` consecutive GPUs: NVLink inside a node,
-    the NIC once the group crosses nodes."""
-    return (gpu.intra_busbw_gbps if span <= gpus_per_node else gpu.inter_busbw_gbps) * 1e9
+def group_busbw(gpu: GPU, gpus_per_node: int, span: int, members: int = 0) -> float:
+    """busbw (bytes/s) of a group of ``members`` ranks spread evenly over ``span`` consecutive GPUs:
+    NVLink inside the NVLink domain (a node, or gpu.nvlink_domain if smaller); across domains NCCL's
+    hierarchical algorithms move the data over NVLink first and only 1/k of it over the NICs, k being
+    the group's GPUs per domain (each GPU on its own NIC: rail-optimized, as HGX clusters are cabled).
+    ``members`` 0: one GPU per domain (a point-to-point send, or a group strided past the domain)."""
+    domain = max(1, min(gpus_per_node, int(gpu.nvlink_domain)))
+    intra = gpu.intra_busbw_gbps * 1e9
+    if span <= domain:
+        return intra
+    stride = max(1, span // max(members, 1))
+    k = max(1, domain // stride) if members and stride < domain else 1
+    inter = gpu.inter_busbw_gbps * 1e9
+    return 1.0 / (1.0 / (k * inter) + (1.0 / intra if k > 1 else 0.0))
 
 
 def trained_tensors(spec: RunSpec) -> int:

@@ -18,6 +18,9 @@ from trainperf.core.hardware import DATASHEETS, Datasheet
 from trainperf.plan.kernels import load_table
 
 
+DATA_PARALLEL_MODES = ("fsdp2", "distributed_optimizer")
+
+
 @dataclass(frozen=True)
 class GPU(Datasheet):
     """A datasheet plus what the engine reaches on it."""
@@ -58,6 +61,32 @@ class GPU(Datasheet):
     # preset's kernel table gives 2.12, set there).
     cp_attn_slowdown: float = 2.3
     comm_overlap: float = 0.8  # fraction of FSDP/DP/CP traffic hidden under compute
+    # share of the tensor-parallel collectives on the critical path: 1 for this engine's eager DTensor
+    # (nothing overlaps them); an engine that overlaps them with the GEMMs (Transformer Engine's
+    # userbuffers) exposes less -- its profile says how much (plan/engines.py)
+    tp_comm_exposed: float = 1.0
+    # GPUs one NVLink domain joins (HGX boards: the node's 8; H200 NVL: bridges of 4; GB200 NVL72: 72);
+    # collectives inside it run at intra_busbw_gbps, across it hierarchically over the NICs
+    nvlink_domain: float = 8.0
+    # the NIC per GPU (GB/s each way: NDR InfiniBand / 400G Ethernet = 50) and the fraction of it a
+    # collective across nodes sustains (nccl-tests busbw / line rate: ~0.8 on InfiniBand, lower on RoCE);
+    # 0 leaves the datasheet's measured inter_busbw_gbps in charge
+    nic_gbps: float = 0.0
+    nic_efficiency: float = 0.8
+    # seconds every optimizer step costs whatever its size (gradient-norm and loss reductions, the
+    # first and last gradient buckets no compute hides, the step's synchronisation): 0 for this engine,
+    # whose host constants carry it; fitted in another engine's profile
+    step_overhead_s: float = 0.0
+    # evals: 0 when the engine runs an eval batch through the pipeline stages one after another (this
+    # engine), 1 when it pipelines the eval micro-batches (Megatron)
+    pipelined_eval: float = 0.0
+    # how the data-parallel ranks share the model: fsdp2 (this engine: weights, gradients and optimizer
+    # states sharded; weights gathered per micro-batch) or distributed_optimizer (Megatron's ZeRO-1:
+    # weights whole, gradients reduce-scattered and weights gathered once per step)
+    data_parallel: str = "fsdp2"
+    # context parallelism's ring sends K and V expanded to every query head (1: this engine) or the
+    # KV heads themselves (0: Transformer Engine)
+    cp_ring_expanded_kv: float = 1.0
     # train.compile (per-layer torch.compile) fuses the eager non-GEMM work: the fraction of it that
     # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled) with the
     # flat rates (0.46 with the H200's kernel table, set in its preset).
@@ -111,6 +140,12 @@ def _from_datasheet(key: str, **engine) -> GPU:
     return GPU(**dataclasses.asdict(DATASHEETS[key]), **engine)
 
 
+def _cluster(gpu: GPU, **fields) -> GPU:
+    """A GPU preset with its cluster's network: inter-node busbw from the NIC rate and its efficiency."""
+    gpu = dataclasses.replace(gpu, **fields)
+    return dataclasses.replace(gpu, inter_busbw_gbps=gpu.nic_gbps * gpu.nic_efficiency) if gpu.nic_gbps else gpu
+
+
 PRESETS: dict[str, GPU] = {
     # H200: GEMM and attention rates by shape from bench/kernel_rates.py (2026-11-30, plan/kernels.py);
     # with them what had been fitted against flat rates was refitted on the same runs: compile's
@@ -122,6 +157,18 @@ PRESETS: dict[str, GPU] = {
     "h100": _from_datasheet("h100", host_link_gpus=2),  # the same HGX board
     "a100": _from_datasheet("a100", pcie_gbps=25.0),  # PCIe Gen4
     "b200": _from_datasheet("b200"),
+}
+# cluster presets: a GPU in its usual system, one NDR InfiniBand NIC per GPU, rail-optimized (HGX / DGX)
+PRESETS |= {
+    "h100-sxm": _cluster(PRESETS["h100"], nic_gbps=50.0, nic_efficiency=0.8),
+    "h200-sxm": _cluster(PRESETS["h200"], nic_gbps=50.0, nic_efficiency=0.8),
+    # H200 NVL: PCIe cards joined by NVLink bridges in groups of up to 4 (900 GB/s per GPU), 600 W:
+    # 3,341 dense fp8 / 1,671 bf16 TFLOP/s (NVIDIA's datasheet halves the 2:4-sparse figures), 4.8 TB/s
+    # HBM (4.0 achievable, as the SXM's 4.8 -> 4.27 scaled); 400G Ethernet (RoCE) per GPU pair is common
+    "h200-nvl": _cluster(dataclasses.replace(PRESETS["h200"], name="NVIDIA H200 NVL", bf16_tflops=835.0,
+                                             fp8_tflops=1671.0, hbm_tbps=4.0, kernel_table="", host_link_gpus=1),
+                         nvlink_domain=4.0, nic_gbps=25.0, nic_efficiency=0.7),
+    "b200-sxm": _cluster(PRESETS["b200"], nic_gbps=50.0, nic_efficiency=0.8),
 }
 
 
@@ -141,9 +188,12 @@ def _checked_kernel_table(value, base_dir: Path, source: str) -> str:
 
 
 def preset_for_device(device_name: str) -> GPU | None:
-    """The preset for a device name such as 'NVIDIA H200' (None for unknown devices)."""
-    n = device_name.lower()
-    return next((gpu for key, gpu in PRESETS.items() if key in n), None)
+    """The preset for a device name such as 'NVIDIA H200' or 'NVIDIA H200 NVL' (None for unknown
+    devices): the longest key whose words all appear in the name ('h200-nvl' beats 'h200'; the
+    -sxm cluster presets are only chosen by name)."""
+    words = set(device_name.lower().replace("-", " ").replace("_", " ").split())
+    keys = [k for k in PRESETS if not k.endswith("-sxm") and set(k.split("-")) <= words]
+    return PRESETS[max(keys, key=len)] if keys else None
 
 
 def load_gpu(name_or_file: str) -> GPU:
@@ -170,9 +220,13 @@ def load_gpu(name_or_file: str) -> GPU:
     if bad:
         raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
     try:
-        values = {k: (str(v) if k == "name" else v if k == "kernel_table" else float(v)) for k, v in data.items()}
+        values = {k: (str(v) if k in ("name", "data_parallel") else v if k == "kernel_table" else float(v))
+                  for k, v in data.items()}
     except (TypeError, ValueError):
-        raise SpecError(f"--gpu {name_or_file!r}: every field but name and kernel_table must be a number") from None
+        raise SpecError(f"--gpu {name_or_file!r}: every field but name, data_parallel and kernel_table must be a number") from None
+    if values.get("data_parallel", "fsdp2") not in DATA_PARALLEL_MODES:
+        raise SpecError(f"--gpu {name_or_file!r}: data_parallel {values['data_parallel']!r}; valid: "
+                        f"{', '.join(DATA_PARALLEL_MODES)}")
     if "kernel_table" in values:
         values["kernel_table"] = _checked_kernel_table(values["kernel_table"], p.parent, name_or_file)
-    return dataclasses.replace(base, **values)
+    return _cluster(base, **values)  # nic_gbps x nic_efficiency, when given, sets the inter-node busbw

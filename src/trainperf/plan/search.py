@@ -84,6 +84,71 @@ def _layouts(gpus: int, gpus_per_node: int, gbs: int):
                                            "train.recompute": rc}
 
 
+# the engine's speed settings `plan --options` searches beside the layout: name -> (setting, values);
+# each combination is validated like a layout (fp8 with TP, compile with CP, flash4 with CP are refused)
+ENGINE_OPTIONS = {
+    "compile": ("train.compile", (False, True)),
+    "fp8": ("hardware.fp8", ("none", "tensorwise")),
+    "frozen_dtype": ("hardware.frozen_dtype", ("auto", "fp8")),  # LoRA's frozen base in float8 (needs fp8)
+    "attention": ("hardware.attention", ("sdpa", "flash4")),
+}
+
+
+def option_overrides(base: RunSpec, names: list[str]) -> list[dict]:
+    """Every combination of the named ENGINE_OPTIONS (a setting the spec cannot use is left out: the
+    frozen dtype without LoRA); SpecError for an unknown name."""
+    unknown = [n for n in names if n not in ENGINE_OPTIONS]
+    if unknown:
+        raise SpecError(f"--options {','.join(unknown)}: unknown; valid: {', '.join(ENGINE_OPTIONS)}, all or none")
+    combos: list[dict] = [{}]
+    for name in names:
+        if name == "frozen_dtype" and not base.lora.enabled:
+            continue
+        key, values = ENGINE_OPTIONS[name]
+        combos = [c | {key: v} for c in combos for v in values]
+    return [c for c in combos if not (c.get("hardware.frozen_dtype") == "fp8" and c.get("hardware.fp8") != "tensorwise")]
+
+
+# virtual pipeline stages per rank an interleaved Megatron schedule is searched over
+MEGATRON_VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
+
+
+def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None):
+    """The layouts a Megatron-based engine (NeMo) runs: TP (with SP) inside a node, CP and PP together
+    allowed, PP interleaved over virtual stages, data parallelism by its distributed optimizer (no
+    replicate/shard split), no activation recomputation (none of NVIDIA's published configs uses it)
+    or full recomputation."""
+    for gbs in gbs_values or [base.train.global_batch_size]:
+        for tp in (t for t in divisors(gpus) if t <= gpus_per_node):
+            for cp in divisors(gpus // tp):
+                for pp in divisors(gpus // (tp * cp)):
+                    dp = gpus // (tp * cp * pp)
+                    for vp in (MEGATRON_VIRTUAL_STAGES if pp > 1 else (1,)):
+                        for mbs in (1, 2, 4):
+                            if gbs % (dp * mbs):
+                                continue
+                            for rc in ("none", "full"):
+                                yield ({"train.global_batch_size": gbs} if gbs_values else {}) | {
+                                    "parallel.tp": tp, "parallel.sp": tp > 1, "parallel.cp": cp, "parallel.pp": pp,
+                                    "parallel.pp_schedule": "Interleaved1F1B" if vp > 1 else "1F1B",
+                                    "parallel.pp_stages_per_rank": vp if vp > 1 else 0, "parallel.dp_replicate": 1,
+                                    "parallel.dp_shard": dp, "train.micro_batch_size": mbs, "train.recompute": rc}
+
+
+def megatron_layout_ok(spec: RunSpec) -> bool:
+    """Megatron's own constraints: heads and KV heads split over TP, the sequence into 2 x CP chunks,
+    the layers (plus the embedding and loss as stages of their own, NeMo's asymmetric pipeline) over
+    PP x virtual stages, at least PP micro-batches per step."""
+    m, p, t = spec.model, spec.parallel, spec.train
+    vp = p.pp_stages_per_rank or 1
+    dp = p.dp_replicate * p.dp_shard
+    micro = t.global_batch_size // (dp * t.micro_batch_size)
+    layers_ok = any((m.num_layers + extra) % (p.pp * vp) == 0 for extra in (0, 2)) and m.num_layers >= p.pp * vp
+    return (m.num_heads % p.tp == 0 and (m.num_kv_heads % p.tp == 0 or p.tp % m.num_kv_heads == 0)
+            and spec.data.seq_len % (2 * p.cp * (p.tp if p.sp else 1)) == 0 and layers_ok
+            and (p.pp == 1 or micro >= p.pp) and (p.pp == 1 or vp == 1 or micro % p.pp == 0))
+
+
 def _apply(base: RunSpec, overrides: dict) -> RunSpec:
     """A shallow copy with new parallel/train/hardware sections (thousands of candidates: no deep copies)."""
     by_section: dict[str, dict] = {"hardware": {"device": "cuda"}}
@@ -121,7 +186,8 @@ def rcp_batch_sizes(spec: RunSpec) -> list[int]:
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
          objective: str = "time", gbs_values: list[int] | None = None,
-         headroom: float = 0.0) -> tuple[list[Candidate], list[Candidate]]:
+         headroom: float = 0.0, megatron: bool = False,
+         options: list[dict] | None = None) -> tuple[list[Candidate], list[Candidate]]:
     """(fitting candidates ranked best first, candidates that do not fit). ``gbs_values``: search the
     global batch size too (samples to converge then come from the RCPs at each GBS). ``headroom``: a
     fraction of the GPU's memory a layout must leave free to fit (those that fit only without it land
@@ -145,29 +211,93 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     fixed_samples = samples or (None if gbs_values else rcp_samples(base))
     fits, oom = [], []
     rcp_cache: dict[int, float | None] = {}
-    for overrides in candidate_layouts(base, gpus, gpus_per_node, gbs_values):
+    layouts = megatron_layouts(base, gpus, gpus_per_node, gbs_values) if megatron \
+        else candidate_layouts(base, gpus, gpus_per_node, gbs_values)
+    for overrides in (layout | option for layout in layouts for option in options or [{}]):
         spec = _apply(base, overrides)
+        if megatron and not megatron_layout_ok(spec):
+            continue
         try:
-            validate_layout(spec, cuda=True)  # layouts priced for GPUs
+            if not megatron:
+                validate_layout(spec, cuda=True)  # layouts priced for GPUs
         except SpecError:
             continue
         est = estimate(spec, gpu, gpus_per_node)
-        for overrides, spec, est in [(overrides, spec, est), *_partial_recompute(base, overrides, spec, est, gpu,
-                                                                                  gpus_per_node, headroom)]:
+        variants = [] if megatron else _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom)
+        for overrides, spec, est in [(overrides, spec, est), *variants]:
             _rank_one(overrides, spec, est, fits_within(est, gpu, headroom), fits, oom, fixed_samples, gbs_values,
                       rcp_cache)
     if not fits and not oom:
         raise SpecError(f"no valid layout of {gpus} GPUs for this model (heads, layers, sequence length and "
-                        "batch size admit none)")
+                        "batch size admit none); " + nearest_valid_counts(base, gpus, gpus_per_node, gbs_values, megatron))
     # ties (e.g. micro-batch sizes the model cannot tell apart) go to the layout needing less memory
     key = (lambda c: (-c.est.tokens_per_s_per_gpu, c.est.reserved_gib)) \
         if objective == "throughput" or not (fixed_samples or gbs_values) \
         else (lambda c: (c.time_to_train_s, c.est.reserved_gib))
-    fits.sort(key=key)
+    fits.sort(key=megatron_tie_break(key) if megatron else key)
     oom.sort(key=lambda c: c.est.reserved_gib)
     for i, c in enumerate(fits, 1):
         c.id = f"P{i}"
     return fits, oom
+
+
+TIE_TOLERANCE = 0.003  # predictions closer than this are not told apart by the model
+
+
+def megatron_tie_break(key):
+    """Rank layouts whose predictions differ by less than TIE_TOLERANCE by the smaller model-parallel
+    group (tp x cp x pp: less traffic the model prices as hidden), then the smaller micro-batch count
+    of virtual stages, then memory -- what an engineer picks when the model cannot tell them apart."""
+    def ranked(c):
+        first = key(c)
+        value = abs(first[0]) if first[0] else 0.0
+        bucket = round(math.log(value) / math.log1p(TIE_TOLERANCE)) if value > 0 else 0
+        p = c.spec.parallel
+        return (bucket if first[0] >= 0 else -bucket, p.tp * p.cp * p.pp, p.pp_stages_per_rank,
+                c.spec.train.micro_batch_size, c.est.reserved_gib)
+    return ranked
+
+
+def valid_batch_sizes(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None,
+                      megatron: bool) -> list[int]:
+    """The global batch sizes (of ``gbs_values``, else the spec's) with at least one valid layout on
+    ``gpus`` GPUs (validity only: nothing is estimated)."""
+    found = set()
+    for gbs in gbs_values or [base.train.global_batch_size]:
+        layouts = megatron_layouts(base, gpus, gpus_per_node, [gbs]) if megatron \
+            else candidate_layouts(base, gpus, gpus_per_node, [gbs])
+        for overrides in layouts:
+            if overrides["train.recompute"] != "none" or overrides["train.micro_batch_size"] != 1:
+                continue  # the most permissive variant of each layout decides
+            spec = _apply(base, overrides)
+            try:
+                if megatron_layout_ok(spec) if megatron else validate_layout(spec, cuda=True) is None:
+                    found.add(gbs)
+                    break
+            except SpecError:
+                continue
+    return sorted(found)
+
+
+def nearest_valid_counts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None,
+                         megatron: bool, max_nodes_away: int = 64) -> str:
+    """The nearest whole-node GPU counts below and above ``gpus`` that have a valid layout, with the
+    global batch sizes that give one, as a clause for the error."""
+    step = gpus_per_node if gpus >= gpus_per_node else 1
+    found = {}
+    for direction in (-1, 1):
+        for k in range(1, max_nodes_away + 1):
+            n = gpus + direction * k * step
+            if n < 1:
+                break
+            sizes = valid_batch_sizes(base, n, gpus_per_node, gbs_values, megatron)
+            if sizes:
+                found[n] = sizes
+                break
+    if not found:
+        return "no GPU count within 64 nodes has one either"
+    return "the nearest counts that have one: " + "; ".join(
+        f"{n} GPUs (GBS {', '.join(map(str, sizes))})" for n, sizes in sorted(found.items()))
 
 
 def _rank_one(overrides, spec, est, ok, fits, oom, fixed_samples, gbs_values, rcp_cache) -> None:

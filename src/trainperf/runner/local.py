@@ -26,7 +26,7 @@ from trainperf.core.processes import process_start_time
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
-from trainperf.mlperf.recipes import check_closed_rules, mark_open_if_shrunk
+from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, record_collectives
 from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
@@ -83,6 +83,7 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
     wl = get_workload(workload)
     defaults = wl.defaults()
     spec = resolve_spec(defaults, config, overrides)
+    apply_gbs_schedule(spec, defaults)  # gpt3 / llama31_405b: the rate and schedule follow the GBS
     asked = {k: getattr(spec.model, k) for k in ckpt.HF_CONFIG_KEYS if getattr(spec.model, k) != getattr(defaults.model, k)}
     if spec.hardware.device == "cuda":
         if not torch.cuda.is_available():

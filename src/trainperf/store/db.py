@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from trainperf.core.processes import pid_namespace, process_alive, process_group_alive, process_start_time
 from trainperf.core.results import RESULT_COLUMNS
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 BUSY_TIMEOUT_S = 30.0  # how long a write waits for another process's transaction
 MIN_FREE_BYTES_NEW_STORE = 16 * 2**20  # a new store's schema, WAL and first rows
 
@@ -151,8 +151,19 @@ MIGRATIONS = {
     ALTER TABLE runs ADD COLUMN purpose TEXT NOT NULL DEFAULT 'run' CHECK (purpose IN ('run', 'trial'));
     UPDATE runs SET purpose = 'trial' WHERE spec_json LIKE '%"every_samples": 1000000000%';
     """,
+    # v8: runs of another engine read from its MLPerf submission folders (`trainperf import`); NULL is
+    # this engine's own run
+    8: """
+    ALTER TABLE runs ADD COLUMN engine TEXT;
+    """,
 }
 PURPOSES = ("run", "trial")
+
+# the runs columns an imported run may fill (import_runs)
+IMPORTED_RUN_FIELDS = ("run_id", "created_at", "finished_at", "workload", "status", "status_reason", "division",
+                       "comparable", "spec_json", "layout", "world_size", "hardware_json", "software_json", "target",
+                       "time_to_train_s", "samples_to_target", "steps", "step_time_s", "tokens_per_s",
+                       "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "out_dir", "mllog_path", "engine")
 
 # what finish_run may write: a RunSummary's result columns, and the store's own record of the end
 RUN_RESULT_FIELDS = (*RESULT_COLUMNS, "finished_at", "summary_path")
@@ -367,6 +378,23 @@ class Store:
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
                  pid, pid_namespace(), process_start_time(pid), pgid, target, out_dir, purpose),
             )
+
+    def import_runs(self, rows: list[dict]) -> list[str]:
+        """Finished runs of another engine, all in one transaction (a run id already stored is left as
+        it is); returns the ids newly written."""
+        bad = sorted({k for row in rows for k in row} - set(IMPORTED_RUN_FIELDS))
+        if bad or any(not row.get("engine") for row in rows):
+            raise ValueError(f"imported runs need an engine and only these fields: {bad or 'engine missing'}")
+        written = []
+        with self.transaction() as c:
+            for row in rows:
+                if c.execute("SELECT 1 FROM runs WHERE run_id = ?", (row["run_id"],)).fetchone():
+                    continue
+                cols = list(row)
+                c.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                          [row[k] for k in cols])
+                written.append(row["run_id"])
+        return written
 
     def update_run_info(self, run_id: str, **fields: Any) -> None:
         allowed = {"hardware_json", "software_json", "pid", "pgid", "predicted_step_time_s", "predicted_peak_gib"}

@@ -19,11 +19,16 @@ from trainperf.core.layout import Layout, grad_accum_steps, stages_per_rank
 from trainperf.core.spec import RunSpec
 from trainperf.model import checkpoint as ckpt
 from trainperf.model.float8 import FLOAT8_STORAGE, write_float8_weight
-from trainperf.model.llama import build_on_meta, init_full_tensor
+from trainperf.model.families import build_on_meta, init_full_tensor
 from trainperf.model.lora import is_adapter_param, store_frozen_base_in
 from trainperf.model.loss import masked_loss_sum, row_loss_sums, shift_targets
 from trainperf.model.options import ModelOptions
-from trainperf.parallel.parallelize import parallelize, split_for_pipeline
+from trainperf.parallel.parallelize import (
+    embedding_groups,
+    parallelize,
+    split_for_pipeline,
+    tie_pipeline_embeddings,
+)
 
 
 def _materialise(part: nn.Module, spec: RunSpec, device: torch.device) -> None:
@@ -101,6 +106,13 @@ class Engine:
                 for name, q in part.named_parameters():
                     q.requires_grad_(is_adapter_param(name))
         self.trainable = [q for _, part in self.parts for q in part.parameters() if q.requires_grad]
+        # a GPT's tied embedding split over the pipeline: the first and last stage sum their gradients
+        # (tie_pipeline_embeddings); the last stage's copy then stays out of the gradient norm, which
+        # counts the embedding once as one process does
+        self.embedding_group = embedding_groups(mesh) if (
+            p.pp > 1 and spec.model.family == "gpt") else None
+        self.tied_copies = [part.output_layer.weight for _, part in self.parts
+                            if self.embedding_group is not None and part.output_layer is not None]
         # FSDP2's switch for syncing gradients only on the last micro-batch; None without FSDP2 (one
         # process with a bf16 LoRA base, parallelize.runs_without_fsdp)
         self._gradient_sync = getattr(self.parts[0][1], "set_requires_gradient_sync", None)
@@ -167,7 +179,7 @@ class Engine:
         from torch.distributed import pipelining as pl
 
         p = self.spec.parallel
-        n_stages = p.pp * stages_per_rank(p)
+        n_stages = self.n_stages = p.pp * stages_per_rank(p)
         group = self.mesh["pp"].get_group()
         stages = [pl.PipelineStage(part, idx, n_stages, self.device, group=group) for idx, part in self.parts]
         self.first = any(idx == 0 for idx, _ in self.parts)
@@ -202,6 +214,9 @@ class Engine:
         ids, target = self._pipeline_batch(micro_batches)
         losses: list[torch.Tensor] = []
         self._run_schedule(self.schedule.step, ids, target, losses)
+        if self.embedding_group is not None:
+            tie_pipeline_embeddings([part for idx, part in self.parts if idx in (0, self.n_stages - 1)],
+                                    self.embedding_group)
         if self.last and losses:
             return torch.stack([x.detach() for x in losses]).sum() / self.scale
         return torch.zeros((), device=self.device)

@@ -44,7 +44,7 @@ from trainperf.core.spec import (
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
 from trainperf.mlperf.log import KEYS, RunLog
-from trainperf.mlperf.recipes import hyperparameter_events
+from trainperf.mlperf.recipes import hyperparameter_events, progress_count
 from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
@@ -156,9 +156,12 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=None,
+                   counted_elsewhere: list[torch.nn.Parameter] = ()) -> torch.Tensor:
     """Clip the global gradient norm to max_norm; returns the norm before clipping. Sharded (DTensor)
-    gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group."""
+    gradients reduce their norm over their own mesh dims; pipeline stages add theirs over pp_group.
+    ``counted_elsewhere``: copies whose gradient another stage's norm already holds (a GPT's tied
+    output layer on the last stage), clipped but not counted twice."""
     from torch.distributed.tensor import DTensor
 
     # grads live on different meshes (FSDP-only vs FSDP x TP): one norm per mesh, then combined
@@ -167,8 +170,12 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float, pp_group=N
         if q.grad is not None:
             by_mesh.setdefault(q.grad.device_mesh if isinstance(q.grad, DTensor) else None, []).append(q)
     squared = torch.zeros((), device=params[0].device if params else "cpu")
+    skip = {id(q) for q in counted_elsewhere}
     for group in by_mesh.values():
-        n = torch.nn.utils.get_total_norm([q.grad for q in group], norm_type=2.0, foreach=True)
+        counted = [q.grad for q in group if id(q) not in skip]
+        if not counted:
+            continue
+        n = torch.nn.utils.get_total_norm(counted, norm_type=2.0, foreach=True)
         squared = squared + (n.full_tensor() if isinstance(n, DTensor) else n) ** 2
     if pp_group is not None:
         dist.all_reduce(squared, group=pp_group)
@@ -456,7 +463,7 @@ class _Run:
         micro = [(ids[pos], mask[pos])
                  for pos in split_local(torch.arange(len(rows)), self.dp_rank, self.dp, t.micro_batch_size)]
         loss_local = engine.train_step(micro, global_tokens)
-        grad_norm = clip_gradients(self.trainable, t.grad_clip, self.pp_group)
+        grad_norm = clip_gradients(self.trainable, t.grad_clip, self.pp_group, engine.tied_copies)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         set_lr(self.opt, lr_at(step, t))
@@ -491,7 +498,7 @@ class _Run:
         rank decides the same."""
         log, e = self.log, self.spec.eval
         self.step_log.flush()
-        epoch_num = samples / len(self.train_split)
+        epoch_num = progress_count(self.spec, samples, len(self.train_split))  # gpt3: tokens, as its RCPs
         log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=epoch_num)
         log.start(KEYS.EVAL_START, samples_count=samples, epoch_num=epoch_num)
         eval_loss = evaluate(self.engine, self.val_split, self.val_batches, self.device)
@@ -529,7 +536,8 @@ class _Run:
             f"target {e.target:.4f} not reached within train.max_steps={t.max_steps} "
             f"({outcome.evals_done} evals, the last at {last:.4f})")
         samples = outcome.last_step * t.global_batch_size
-        self.log.end(KEYS.BLOCK_STOP, samples_count=samples, epoch_num=samples / len(self.train_split))
+        self.log.end(KEYS.BLOCK_STOP, samples_count=samples,
+                     epoch_num=progress_count(self.spec, samples, len(self.train_split)))
         self.log.end(KEYS.RUN_STOP, last, samples_count=samples, status="aborted")
 
     def memory_peaks(self) -> tuple[float, float, torch.Tensor]:

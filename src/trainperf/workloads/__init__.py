@@ -43,9 +43,23 @@ WORKLOADS: dict[str, Workload] = {
                  "MLPerf Llama 3.1 8B pretraining from scratch, closed-division recipe: data.path=pretok dir "
                  "(see `trainperf data convert`); log perplexity <= 3.3 on the first 1024 validation sequences",
                  mlperf.llama31_8b_defaults, _from_mini("prepare_mlperf_pretrain")),
+        Workload("gpt3",
+                 "MLPerf GPT-3 175B (v3.0-v4.1), closed-division recipe: model.path=the 4000-step checkpoint "
+                 "(safetensors, Megatron names), data.path=C4 (pretok dir or Megatron .bin/.idx); log perplexity "
+                 "<= 2.69; GBS 1536..8192 sets lr, warmup and decay",
+                 mlperf.gpt3_defaults, _from_mini("prepare_mlperf_pretrain")),
+        Workload("llama31_405b",
+                 "MLPerf Llama 3.1 405B pretraining (v5.0-v6.0), closed-division recipe: model.path=HF Llama 3.1 "
+                 "405B checkpoint, data.path=C4; log perplexity <= 5.6 on 5760 sequences; GBS 1152..9216 sets lr, "
+                 "warmup, decay and skipped evals",
+                 mlperf.llama31_405b_defaults, _from_mini("prepare_mlperf_pretrain")),
         Workload("mini-pretrain",
                  "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
                  _from_mini("mini_pretrain_defaults"), _from_mini("prepare_mini_pretrain")),
+        Workload("mini-gpt-pretrain",
+                 "Pretrain a 2-layer GPT (LayerNorm, GeLU, learned positions, tied padded vocabulary) on Markov-chain "
+                 "text to its known optimal loss + 0.10 (CPU-sized, open division)",
+                 _from_mini("mini_gpt_pretrain_defaults"), _from_mini("prepare_mini_pretrain")),
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
                  _from_mini("mini_lora_defaults"), _from_mini("prepare_mini_lora")),

@@ -78,6 +78,14 @@ def mini_model() -> ModelSpec:
                      num_heads=4, num_kv_heads=2, max_position_embeddings=256, init_std=0.02)
 
 
+def mini_gpt_model() -> ModelSpec:
+    """A 2-layer GPT whose 64-token vocabulary pads to 96 rows under tp 1 and 2 alike (multiples of
+    48 and 96), so the padded rows exist and every CPU layout shares one reference run."""
+    return ModelSpec(name="mini-gpt", family="gpt", vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
+                     num_layers=2, num_heads=4, num_kv_heads=4, max_position_embeddings=SEQ, init_std=0.02,
+                     make_vocab_size_divisible_by=48)
+
+
 def source_a() -> MarkovSource:
     return MarkovSource(VOCAB, BRANCHING, seed=SOURCE_SEED)
 
@@ -185,6 +193,14 @@ def mini_pretrain_defaults() -> RunSpec:
         eval=EvalSpec(every_samples=256, skip_first=1, target=-1.0, batch_size=32),
         mlperf=MLPerfSpec(benchmark="llama31_8b", division="open", comparable=False),
     )
+
+
+def mini_gpt_pretrain_defaults() -> RunSpec:
+    """mini-pretrain's Markov source and schedule on the GPT family."""
+    spec = mini_pretrain_defaults()
+    spec.workload, spec.model = "mini-gpt-pretrain", mini_gpt_model()
+    spec.mlperf = MLPerfSpec(benchmark="gpt3", division="open", comparable=False)
+    return spec
 
 
 def mini_lora_defaults() -> RunSpec:

@@ -1,0 +1,129 @@
+"""Predicted against published: an engine profile fitted to MLPerf calibration points, checked on the
+published runs it was not fitted to. CPU only.
+
+    python bench/engine_profile_check.py PUBLISHED_DIR [--engine nemo] [--markdown]
+
+PUBLISHED_DIR holds round folders of MLPerf submissions and calibration_points.csv (the points a
+profile may be fitted to). Every published configuration is predicted by a profile fitted without it:
+when it is not a calibration point, the profile of all calibration points; when it is, the profile of
+the other calibration points (leave one out) -- never a profile that saw it. Reported per
+configuration: tokens/s per GPU (the median run's), time to train (the planner's, from the RCP's
+mean samples to converge under the run's round and the evals, against the published score, which
+MLPerf scales to the RCP too; the median run's minutes where no score is given), and the rank of the
+published layout among the planner's layouts for that engine at that GPU count and GBS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+from trainperf.mlperf.published import read_submissions
+from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
+from trainperf.plan.costs import estimate
+from trainperf.mlperf.recipes import RCP_UNIT
+from trainperf.mlperf.score import rcp_reference_samples
+from trainperf.plan.search import plan, time_to_train
+
+
+def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
+    """(system, benchmark) of each calibration point -> its published score, minutes (olympic mean,
+    RCP-scaled)."""
+    with open(csv_path) as fh:
+        return {(row["system"], row["benchmark"]): float(row["score_min"]) for row in csv.DictReader(fh)}
+
+
+def rcp_samples_of_round(spec, round_name: str) -> float | None:
+    """The RCP mean samples to converge at the run's GBS under its own round's rules (gpt3's RCPs left
+    the rules after 4.1; its RCPs count tokens)."""
+    ruleset = round_name.lstrip("v") + ".0"
+    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size, ruleset)
+    if not found:
+        return None
+    return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
+
+
+def published_rank(point, gpu, megatron_ok=True) -> tuple[int | None, int]:
+    """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them)."""
+    spec = point.spec
+    p = spec.parallel
+    fits, _ = plan(spec, gpu, p.tp * p.cp * p.pp * p.dp_shard * p.dp_replicate, point.gpus_per_node,
+                   headroom=0.0, megatron=megatron_ok)
+    want = (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, spec.train.micro_batch_size,
+            spec.train.recompute)
+    for i, c in enumerate(fits, 1):
+        q = c.spec.parallel
+        if (q.tp, q.cp, q.pp, q.pp_stages_per_rank or 0, q.dp_shard * q.dp_replicate, c.spec.train.micro_batch_size,
+                c.spec.train.recompute) == want:
+            return i, len(fits)
+    return None, len(fits)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("published", help="folder of round folders and calibration_points.csv")
+    ap.add_argument("--engine", default="nemo")
+    ap.add_argument("--no-rank", action="store_true", help="skip the layout search (the slow part)")
+    args = ap.parse_args()
+    root = Path(args.published)
+    calib = calibration_scores(root / "calibration_points.csv")
+    runs, problems = read_submissions(sorted(str(p) for p in root.iterdir() if p.is_dir()), "6.0.0")
+    for line in problems:
+        print(f"not read: {line}", file=sys.stderr)
+    points, minutes, keys, rounds = {}, {}, {}, {}
+    for r in runs:
+        if r.engine != args.engine:
+            continue
+        pt = engine_run_from_row(r.row)
+        if pt is None:
+            continue
+        system = Path(r.path).parents[1].name
+        points.setdefault(pt.label, []).append(pt)
+        keys[pt.label] = (system, r.row["workload"])
+        rounds[pt.label] = json.loads(r.row["software_json"])["round"]
+    grouped = {label: group_points(pts)[0] for label, pts in points.items()}
+    for label, pts in points.items():  # the published score where known, else the median run's minutes
+        minutes[label] = calib.get(keys[label]) or statistics.median(p.time_to_train_s / 60 for p in pts
+                                                                      if p.time_to_train_s)
+    calib_labels = [lab for lab in grouped if keys[lab] in calib]
+    rows = []
+    for label, point in grouped.items():
+        fit_on = [grouped[lab] for lab in calib_labels if lab != label]
+        profile = fit_profile(args.engine, fit_on)
+        gpu = apply_profile(point.gpu, profile)
+        est = estimate(point.spec, gpu, point.gpus_per_node)
+        samples = rcp_samples_of_round(point.spec, rounds[label])
+        ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
+        rank, total = (None, 0) if args.no_rank else published_rank(point, gpu)
+        rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",
+                     "fit_on": len(fit_on), "published_tps": point.tokens_per_s_per_gpu,
+                     "predicted_tps": est.tokens_per_s_per_gpu, "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
+                     "published_min": minutes[label], "predicted_min": ttt,
+                     "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total,
+                     "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib})
+    print("| configuration (engine " + args.engine + ") | predicted by | published tok/s/GPU | predicted | error | "
+          "published score, min | predicted min | error | published layout's rank | predicted GiB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ttt = f"{r['predicted_min']:.2f}" if r["predicted_min"] else "-"
+        terr = f"{100 * r['ttt_error']:+.1f}%" if r["ttt_error"] is not None else "-"
+        rank = "-" if args.no_rank else (f"{r['rank']} of {r['layouts']}" if r["rank"] else f"not ranked (of {r['layouts']})")
+        print(f"| {r['label']} | {r['held_out']} ({r['fit_on']} points) | {r['published_tps']:,.0f} | "
+              f"{r['predicted_tps']:,.0f} | {100 * r['tps_error']:+.1f}% | {r['published_min']:.2f} | {ttt} | {terr} | "
+              f"{rank} | {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} |")
+    tps = [abs(r["tps_error"]) for r in rows]
+    tt = [abs(r["ttt_error"]) for r in rows if r["ttt_error"] is not None]
+    print(f"\ntokens/s per GPU: median |error| {100 * statistics.median(tps):.1f}%, max {100 * max(tps):.1f}% "
+          f"({len(tps)} configurations); time to train: median |error| "
+          + (f"{100 * statistics.median(tt):.1f}%, max {100 * max(tt):.1f}%" if tt else "-")
+          + (f"; published layout in the top 3: {sum(1 for r in rows if r['rank'] and r['rank'] <= 3)} of {len(rows)}"
+             if not args.no_rank else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""Engine profiles: how fast an engine runs the work the cost model counts, as a few named factors.
+
+The cost model counts the work of a layout (GEMM and attention FLOPs, elementwise bytes, TP / CP /
+DP / PP traffic, host launches); an engine profile says what rate the engine reaches on each. The
+``trainperf`` profile is this engine's own, measured by its benches (the GPU presets' efficiencies
+and host constants, unchanged). Another engine's profile is fitted to its stored runs (``trainperf
+import`` of its MLPerf submissions) by least squares on the relative error of tokens/s per GPU, each
+factor held near a prior value by a weak penalty, so that a handful of runs cannot drive a factor
+somewhere meaningless: a fit, not a regression over layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from trainperf.core.errors import SpecError
+from trainperf.core.spec import RunSpec
+from trainperf.plan.hardware import GPU, preset_for_device, scale_host_time
+
+OURS = "trainperf"
+
+# factor -> (what it means, prior, lower bound, upper bound, prior's weight in the fit)
+FACTORS: dict[str, tuple[str, float, float, float, float]] = {
+    "gemm_eff": ("fraction of the GEMM peak (the fp8 peak for fp8 projections) the engine's GEMMs reach",
+                 0.60, 0.2, 0.95, 0.5),
+    "attn_eff": ("fraction of the bf16 peak its attention kernels reach, forward + backward", 0.45, 0.1, 0.9, 0.5),
+    "elementwise_ns": ("non-GEMM work (norms, RoPE, activations, casts) in ns per token per layer per 1,000 of "
+                       "hidden size (this engine eager: 234)", 30.0, 0.0, 300.0, 0.3),
+    "tp_exposed": ("share of tensor-parallel traffic left on the critical path (TP comm overlap)", 0.3, 0.0, 1.0, 0.5),
+    "comm_overlap": ("share of data- and context-parallel traffic hidden under compute", 0.85, 0.0, 1.0, 0.5),
+    "step_overhead_s": ("seconds each optimizer step costs beside its compute and exposed traffic (reductions of "
+                        "the gradient norm and loss, unhidden first/last buckets, synchronisation)", 0.1, 0.0, 2.0, 0.2),
+}
+# the factors a profile fixes without fitting: what an engine that captures CUDA graphs and fuses its
+# casts into the neighbouring kernels (NeMo / Megatron with Transformer Engine) spends beside the above;
+# it also shards data parallelism as Megatron's distributed optimizer (whose memory accounting and
+# Megatron's saved activations then apply) and rings GQA's KV heads unexpanded
+FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown": 1.0}
+MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    factors: dict[str, float] = field(default_factory=dict)  # empty: the GPU preset's own rates (trainperf)
+    fitted_on: tuple[str, ...] = ()  # the points it was fitted to, "benchmark@GPUs layout"
+
+    def describe(self) -> list[str]:
+        if not self.factors:
+            return [f"{self.name}: this engine's own rates (the GPU presets, from its benches)"]
+        return [f"{k:15s} {v:8.3f}  {FACTORS[k][0]}" for k, v in self.factors.items()]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "factors": dict(self.factors), "fitted_on": list(self.fitted_on)}
+
+
+def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
+    """The GPU as the planner sees it when this engine runs on it."""
+    if profile is None or not profile.factors:
+        return gpu
+    f = profile.factors
+    out = dataclasses.replace(
+        gpu, kernel_table="", gemm_eff=f["gemm_eff"], fp8_gemm_eff=f["gemm_eff"], attn_eff=f["attn_eff"],
+        other_s_per_token_layer_h=f["elementwise_ns"] * 1e-12, compile_other_factor=1.0, tp_overhead_s_per_layer=0.0,
+        tp_comm_exposed=f["tp_exposed"], comm_overlap=f["comm_overlap"], step_overhead_s=f["step_overhead_s"],
+        fp8_cast_bytes_eager=FIXED_FOR_FITTED["fp8_cast_bytes"], fp8_cast_bytes_compiled=FIXED_FOR_FITTED["fp8_cast_bytes"],
+        cp_attn_slowdown=FIXED_FOR_FITTED["cp_attn_slowdown"], data_parallel="distributed_optimizer",
+        cp_ring_expanded_kv=0.0, pipelined_eval=1.0)
+    return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
+
+
+@dataclass
+class EngineRun:
+    """One stored run of an engine, as the fit sees it."""
+
+    run_id: str
+    spec: RunSpec
+    gpu: GPU
+    gpus_per_node: int
+    tokens_per_s_per_gpu: float
+    time_to_train_s: float | None
+    label: str
+
+
+def engine_run_from_row(row: dict) -> EngineRun | None:
+    """A stored (or imported) run row as a fit point; None without a throughput or a GPU preset."""
+    hw = json.loads(row.get("hardware_json") or "{}")
+    gpu = preset_for_device(hw.get("gpu") or "")
+    if gpu is None or not row.get("tokens_per_s_per_gpu"):
+        return None
+    spec = RunSpec.from_dict(json.loads(row["spec_json"]))
+    return EngineRun(row["run_id"], spec, gpu, int(hw.get("gpus_per_node") or 8), row["tokens_per_s_per_gpu"],
+                     row.get("time_to_train_s") if row["status"] == "success" else None,
+                     f"{row['workload']}@{row['world_size']} {row['layout']} {gpu.name.split()[1]}")
+
+
+def engine_runs(store, engine: str) -> list[EngineRun]:
+    """The stored runs of ``engine`` with a throughput, on a GPU the planner has a preset for."""
+    rows = [r for r in store.list_runs(limit=1_000_000) if (r.get("engine") or OURS) == engine]
+    return [run for run in map(engine_run_from_row, rows) if run is not None]
+
+
+def group_points(runs: list[EngineRun]) -> list[EngineRun]:
+    """One point per (benchmark, GPUs, layout, GPU): the run with the median throughput of its group."""
+    groups: dict[str, list[EngineRun]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    return [sorted(g, key=lambda r: r.tokens_per_s_per_gpu)[len(g) // 2] for g in groups.values()]
+
+
+def fit_profile(name: str, points: list[EngineRun]) -> EngineProfile:
+    """Least squares on log(predicted / published tokens/s per GPU), plus a weak pull of each factor
+    towards its prior (log ratio times its weight); SpecError naming what is needed when too few."""
+    if name == OURS:
+        raise SpecError(f"--engine {OURS} is this engine's own profile (the GPU presets, fitted by `plan --calibrate "
+                        "GPU_YAML` to its GPU runs); name another engine to fit its imported runs")
+    if len(points) < MIN_RUN_GROUPS:
+        have = ", ".join(p.label for p in points) or "none"
+        raise SpecError(f"engine {name!r}: {len(points)} distinct run configurations stored ({have}); a fit needs at least "
+                        f"{MIN_RUN_GROUPS} (different benchmarks, GPU counts or layouts) -- import more with "
+                        "`trainperf import DIR`")
+    # the fit uses scipy's least squares (an optional dependency of the planner, as plan --calibrate)
+    from scipy.optimize import least_squares
+
+    # the estimate lives in the cost model, which imports this module's GPU type only
+    from trainperf.plan.costs import estimate
+
+    names = list(FACTORS)
+    lo = [FACTORS[k][2] for k in names]
+    hi = [FACTORS[k][3] for k in names]
+
+    def residuals(x):
+        prof = EngineProfile(name, dict(zip(names, x)))
+        out = [math.log(estimate(p.spec, apply_profile(p.gpu, prof), p.gpus_per_node).tokens_per_s_per_gpu
+                        / p.tokens_per_s_per_gpu) for p in points]
+        return out + [FACTORS[k][4] * math.log(max(v, 1e-3) / max(FACTORS[k][1], 1e-3)) for k, v in zip(names, x)]
+
+    x0 = [FACTORS[k][1] for k in names]
+    fit = least_squares(residuals, x0, bounds=(lo, hi))
+    return EngineProfile(name, {k: float(v) for k, v in zip(names, fit.x)}, tuple(p.label for p in points))
+
+
+def profile_errors(profile: EngineProfile, points: list[EngineRun]) -> list[dict]:
+    """Predicted against stored tokens/s per GPU for each point."""
+    # the estimate lives in the cost model
+    from trainperf.plan.costs import estimate
+
+    out = []
+    for p in points:
+        est = estimate(p.spec, apply_profile(p.gpu, profile), p.gpus_per_node)
+        out.append({"point": p.label, "measured_tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+                    "predicted_tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+                    "error": est.tokens_per_s_per_gpu / p.tokens_per_s_per_gpu - 1})
+    return out
+
+
+def median_abs(values: list[float]) -> float:
+    return statistics.median(abs(v) for v in values) if values else float("nan")
+
+
+def load_profile(store, name: str) -> EngineProfile:
+    """``trainperf``: this engine's own; any other name: fitted now to that engine's stored runs."""
+    if name == OURS:
+        return EngineProfile(OURS)
+    return fit_profile(name, group_points(engine_runs(store, name)))
