@@ -31,6 +31,7 @@ def commands() -> dict[str, ModuleType]:
     # imported on first use, not with this package: `python -m trainperf.cli.preflight` runs that module
     # as __main__ and warns when the package has imported it already
     from trainperf.cli import (
+        checkpoint,
         data,
         demo,
         plan,
@@ -45,7 +46,8 @@ def commands() -> dict[str, ModuleType]:
     )
 
     return {"run": run, "plan": plan, "tune": tune, "sweep": sweep, "workloads": workloads, "report": report,
-            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo}
+            "preflight": preflight, "trace": trace, "data": data,
+            "checkpoint": checkpoint, "score": score, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

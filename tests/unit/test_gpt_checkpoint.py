@@ -1,0 +1,141 @@
+"""GPT checkpoints, in process: the safetensors layout with Megatron names (sharded with an index, the
+vocabulary at any padding) loads into the model exactly; a torch.distributed.checkpoint folder converts
+into it (per-layer or stacked layers, TE LayerNorm names) with no pickle beyond DCP's metadata classes;
+names or shapes that do not match the config are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from trainperf.core.errors import SpecError
+from trainperf.model import checkpoint as ckpt
+from trainperf.model.dcp_convert import convert_dcp_to_safetensors, read_dcp_metadata
+from trainperf.model.families import build
+from trainperf.model.options import ModelOptions
+from trainperf.workloads import mini
+
+
+def _model(seed: int = 0, tp: int = 1):
+    torch.manual_seed(seed)
+    cfg = mini.mini_gpt_model()
+    model = build(cfg, ModelOptions(tp=tp))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    return cfg, model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids)[..., : model.cfg.vocab_size]
+
+
+def _load(path, tp: int = 1):
+    cfg = mini.mini_gpt_model()
+    model = build(cfg, ModelOptions(tp=tp))
+    index = ckpt.inspect_checkpoint(str(path))
+    ckpt.check_checkpoint(index, cfg)
+    ckpt.load_checkpoint_into(model, index)
+    return model
+
+
+def test_megatron_safetensors_round_trip_sharded_and_repadded(tmp_path):
+    cfg, model = _model()
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    ckpt.save_megatron_checkpoint(state, cfg, tmp_path / "ck", shards=3)
+    config = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert config["ffn_hidden_size"] == 256 and config["num_attention_heads"] == 4
+    assert (tmp_path / "ck" / "model.safetensors.index.json").is_file()
+    index = ckpt.inspect_checkpoint(str(tmp_path / "ck"))
+    assert "output_layer.weight" not in index.tensors  # the tied copy is stored once
+    fields = ckpt.config_to_model_fields(index.config, "gpt", "here")
+    assert fields["intermediate_size"] == 256 and fields["num_kv_heads"] == 4
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    assert torch.equal(_logits(_load(tmp_path / "ck"), ids), _logits(model, ids))
+    loaded = _load(tmp_path / "ck", tp=4)  # padded to 48 x 4 rows: the extra rows are zero
+    assert loaded.embedding.word_embeddings.weight.shape[0] == 192
+    assert torch.equal(loaded.embedding.word_embeddings.weight[96:], torch.zeros(96, 64))
+    assert torch.allclose(_logits(loaded, ids), _logits(model, ids))
+
+
+def test_gpt_checkpoint_names_and_shapes_are_checked_against_the_config(tmp_path):
+    cfg, model = _model()
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    bad = dict(state)
+    bad["decoder.layers.1.mlp.linear_fc1.weight"] = torch.zeros(128, 64)
+    ckpt.save_megatron_checkpoint(bad, cfg, tmp_path / "shape")
+    with pytest.raises(SpecError, match=r"linear_fc1.weight' has shape \[128, 64\], config.json implies \[256, 64\]"):
+        ckpt.check_checkpoint(ckpt.inspect_checkpoint(str(tmp_path / "shape")), cfg)
+    missing = {k: v for k, v in state.items() if "layers.1." not in k}
+    ckpt.save_megatron_checkpoint(missing, cfg, tmp_path / "names")
+    with pytest.raises(SpecError, match=r"lacks tensor 'decoder.layers.1"):
+        ckpt.check_checkpoint(ckpt.inspect_checkpoint(str(tmp_path / "names")), cfg)
+    short = dict(state)
+    short["embedding.word_embeddings.weight"] = torch.zeros(32, 64)  # fewer rows than the vocabulary
+    ckpt.write_safetensors_dir(short, ckpt.model_fields_to_megatron_config(cfg), tmp_path / "vocab", shards=1)
+    with pytest.raises(SpecError, match=r"rows >= vocab_size 64"):
+        ckpt.check_checkpoint(ckpt.inspect_checkpoint(str(tmp_path / "vocab")), cfg)
+    llama = {"model_type": "llama", "vocab_size": 64, "hidden_size": 64}
+    with pytest.raises(SpecError, match="lacks 'ffn_hidden_size' .a Hugging Face Llama config"):
+        ckpt.config_to_model_fields(llama, "gpt", "model.path 'x'")
+
+
+def _save_dcp(state: dict, dest) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(dest), no_dist=True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_folder_converts_to_safetensors_and_loads(tmp_path):
+    cfg, model = _model(seed=1)
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    # Megatron Core's torch_dist form: layers stacked, TE's fused LayerNorm names, a model. prefix, and
+    # entries that are not model tensors (optimizer state, _extra_state bytes)
+    stacked = {}
+    for name, t in state.items():
+        if name.startswith("decoder.layers.0."):
+            rest = name[len("decoder.layers.0."):]
+            rest = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+                    "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias"}.get(rest, rest)
+            src = name.replace(".0.", ".{}.")
+            orig = src.split("{}.", 1)
+            stacked["model.decoder.layers." + rest] = torch.stack(
+                [state[orig[0] + f"{i}." + orig[1]] for i in range(cfg.num_layers)])
+        elif not name.startswith("decoder.layers."):
+            stacked["model." + name] = t
+    stacked["optimizer.state.exp_avg.embedding.word_embeddings.weight"] = torch.zeros(3)
+    stacked["model.decoder.layers.self_attention.core_attention._extra_state"] = b"te"
+    _save_dcp(stacked, tmp_path / "dcp")
+    m = convert_dcp_to_safetensors(tmp_path / "dcp", tmp_path / "ck", num_heads=4, vocab_size=64,
+                                   make_vocab_size_divisible_by=48, shards=2)
+    assert (m.num_layers, m.hidden_size, m.intermediate_size, m.max_position_embeddings) == (2, 64, 256, cfg.max_position_embeddings)
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    assert torch.equal(_logits(_load(tmp_path / "ck"), ids), _logits(model, ids))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_metadata_that_names_other_code_is_refused(tmp_path):
+    _save_dcp({"embedding.word_embeddings.weight": torch.zeros(4, 2)}, tmp_path / "dcp")
+    assert read_dcp_metadata(tmp_path / "dcp").state_dict_metadata  # DCP's own metadata reads
+    (tmp_path / "evil").mkdir()
+
+    class Payload:
+        def __reduce__(self):
+            import os
+
+            return (os.system, ("true",))
+
+    (tmp_path / "evil" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(SpecError, match=r"refers to (posix|os)\.system"):
+        read_dcp_metadata(tmp_path / "evil")
+    with pytest.raises(SpecError, match="no .metadata file"):
+        read_dcp_metadata(tmp_path)
+    _save_dcp({"decoder.layers.0.mlp.linear_fc1.weight": torch.zeros(4, 2)}, tmp_path / "partial")
+    with pytest.raises(SpecError, match="no tensor 'embedding.word_embeddings.weight'"):
+        convert_dcp_to_safetensors(tmp_path / "partial", tmp_path / "out", num_heads=1)
+    assert not (tmp_path / "out").exists()
