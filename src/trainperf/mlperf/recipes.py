@@ -275,6 +275,12 @@ def init_checkpoint_step(spec: RunSpec) -> int:
     return 0
 
 
+def eval_samples_logged(spec: RunSpec, rows: int) -> int:
+    """The log's eval_samples for ``rows`` validation sequences: gpt3 states its eval set in tokens
+    (11,590,004 in the reference), the others in sequences."""
+    return rows * spec.data.seq_len if spec.mlperf.benchmark == "gpt3" else rows
+
+
 def progress_count(spec: RunSpec, samples: int, train_rows: int) -> float:
     """The log's epoch_num for ``samples`` trained: gpt3 counts tokens (its RCPs are in tokens),
     the others the fraction of the training set."""
