@@ -139,3 +139,60 @@ def test_dcp_metadata_that_names_other_code_is_refused(tmp_path):
     with pytest.raises(SpecError, match="no tensor 'embedding.word_embeddings.weight'"):
         convert_dcp_to_safetensors(tmp_path / "partial", tmp_path / "out", num_heads=1)
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input before launch: checkpoints and data that contradict the workload
+
+def _prepare(workload: str, *sets: str):
+    from trainperf.runner import local
+
+    return local.prepare(workload, None, list(sets), 1)
+
+
+def test_checkpoints_that_contradict_the_family_or_config_exit_2_in_one_line(tmp_path, capsys):
+    from trainperf.cli.main import main
+    from trainperf.workloads import fabricate
+
+    gpt = fabricate.write_gpt_checkpoint(tmp_path / "gpt")
+    data = fabricate.write_gpt_chain_megatron(tmp_path / "d", train_rows=4, eval_rows=1)
+    base = ["hardware.device=cpu", "mlperf.division=open", f"data.path={data}", "train.global_batch_size=4"]
+    weights = fabricate.gpt_chain_weights()
+    weights["decoder.layers.0.mlp.linear_fc2.weight"] = torch.zeros(16, 8)
+    ckpt.save_megatron_checkpoint(weights, fabricate.tiny_gpt_model(), tmp_path / "bad_shape")
+    with pytest.raises(SpecError, match=r"'decoder.layers.0.mlp.linear_fc2.weight' has shape \[16, 8\], config.json "
+                                        r"implies \[16, 16\]"):
+        _prepare("gpt3", f"model.path={tmp_path / 'bad_shape'}", *base)
+    llama = fabricate.write_base_checkpoint(tmp_path / "llama")
+    with pytest.raises(SpecError, match="lacks 'ffn_hidden_size' .a Hugging Face Llama config"):
+        _prepare("gpt3", f"model.path={llama}", *base)
+    with pytest.raises(SpecError, match="lacks 'intermediate_size' .a Megatron GPT config"):  # a GPT checkpoint, Llama run
+        _prepare("llama31_405b", f"model.path={gpt}", *base)
+    rc = main(["run", "gpt3", "--json", "--db", str(tmp_path / "t.db"), "--set", f"model.path={tmp_path / 'bad_shape'}",
+               *[x for s in base for x in ("--set", s)]])
+    out, err = capsys.readouterr()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "linear_fc2.weight" in json.loads(out)["error"]
+    assert not (tmp_path / "t.db").exists()  # refused before anything is stored or launched
+
+
+def test_data_that_contradicts_the_recipe_is_refused(tmp_path):
+    from trainperf.workloads import fabricate
+
+    data = fabricate.write_gpt_chain_megatron(tmp_path / "d", train_rows=4, eval_rows=1)  # uint16 ids
+    tiny = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=1", "model.num_heads=2",
+            "model.num_kv_heads=2", "hardware.device=cpu", "mlperf.division=open", "train.global_batch_size=2",
+            "data.seq_len=1024"]
+    with pytest.raises(SpecError, match=r"stores uint16 ids \(at most 65,536 distinct\), but the model's vocabulary "
+                                        r"has 128,256"):
+        _prepare("llama31_405b", f"data.path={data}", *tiny)  # GPT-2-sized data for Llama 3's tokenizer
+    ck = fabricate.write_gpt_checkpoint(tmp_path / "ck")
+    with pytest.raises(SpecError, match=r"token id 15, outside the model's vocabulary \[0, 8\)"):
+        # the same data for a checkpoint whose config says 8 tokens
+        cfg = json.loads((ck / "config.json").read_text())
+        cfg["vocab_size"] = 8
+        (ck / "config.json").write_text(json.dumps(cfg))
+        _prepare("gpt3", f"model.path={ck}", f"data.path={data}", "hardware.device=cpu", "mlperf.division=open",
+                 "train.global_batch_size=4")
+    with pytest.raises(SpecError, match=r"data.seq_len=1024 is not allowed in the closed division \(max_sequence_length "
+                                        r"is fixed to 2048"):
+        _prepare("gpt3", f"model.path={ck}", f"data.path={data}", "data.seq_len=1024")

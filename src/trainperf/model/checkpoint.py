@@ -79,7 +79,8 @@ def hf_config_to_model_fields(config: dict, where: str) -> dict:
         if value is None:
             if theirs in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
                 continue
-            raise SpecError(f"{where}: config.json lacks {theirs!r}")
+            hint = " (a Megatron GPT config; this workload trains a Llama)" if "ffn_hidden_size" in config else ""
+            raise SpecError(f"{where}: config.json lacks {theirs!r}{hint}")
         fields[ours] = value
     if config.get("tie_word_embeddings"):
         raise SpecError(f"{where}: tied input/output embeddings are not supported (config.json tie_word_embeddings=true)")
