@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,29 @@ def test_gpt3_open_run_through_the_loop_passes_the_4_1_0_checker(tmp_path):
     assert ev["init_checkpoint_step"]["value"] == 4000 * 1536 // 4  # the 4000-step checkpoint in steps of GBS 4
     assert ev["eval_samples"]["value"] == 4 * 2048  # tokens, as gpt3 counts them
     assert ev["eval_accuracy"]["metadata"]["epoch_num"] == 8 * 2048  # progress in tokens
+
+
+def test_llama31_405b_run_through_the_loop_fails_only_the_eval_set_size_check(tmp_path):
+    """The 5.1.0 / 6.0.0 checkers (open and closed alike) fix eval_samples to 5760 sequences of 8192 tokens:
+    47M tokens per eval, about 17 minutes of attention alone on a CPU even for a one-head stand-in. A real
+    run through the loop at the full 8192 tokens (open: GBS 2, 2 validation sequences, the Llama stand-in
+    from its Hugging Face checkpoint) therefore meets every check of both rulesets but that one."""
+    from trainperf.data.megatron import write_indexed
+    from trainperf.runner import local
+    from trainperf.workloads import fabricate
+
+    ck = fabricate.write_base_checkpoint(tmp_path / "ck")
+    (tmp_path / "d").mkdir()
+    for split, rows, seed in (("train", 4, 1), ("validation", 2, 2)):
+        write_indexed(tmp_path / "d" / f"{split}_text_document", list(fabricate.sample_chain(rows, 8192, seed).numpy()))
+    spec, _ = local.prepare("llama31_405b", None, [
+        f"model.path={ck}", f"data.path={tmp_path / 'd'}", "hardware.device=cpu", "mlperf.division=open",
+        "train.global_batch_size=2", "train.micro_batch_size=1", "eval.every_samples=4", "eval.skip_first=0",
+        "data.eval_samples=2", "train.max_steps=2", "train.untimed_warmup_steps=0", "train.recompute=none"], 1)
+    s = local.launch(spec, str(tmp_path / "runs"), str(tmp_path / "t.db"), 1, progress=False)
+    assert s["status"] == "success" and s["final_eval_loss"] <= 5.6, s
+    for ruleset in ("5.1.0", "6.0.0"):
+        out = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                              "--ruleset", ruleset, s["mllog"]], capture_output=True, text=True, timeout=120)
+        failed = set(re.findall(r"CHECK for '(\w+)' failed", out.stdout + out.stderr))
+        assert failed == {"eval_samples"}, out.stdout[-3000:] + out.stderr[-3000:]

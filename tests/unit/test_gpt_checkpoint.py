@@ -91,7 +91,9 @@ def _save_dcp(state: dict, dest) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_dcp_folder_converts_to_safetensors_and_loads(tmp_path):
+def test_dcp_folder_converts_to_safetensors_and_loads(tmp_path, capsys):
+    from trainperf.cli.main import main
+
     cfg, model = _model(seed=1)
     state = {k: v.detach().clone() for k, v in model.named_parameters()}
     # Megatron Core's torch_dist form: layers stacked, TE's fused LayerNorm names, a model. prefix, and
@@ -111,9 +113,14 @@ def test_dcp_folder_converts_to_safetensors_and_loads(tmp_path):
     stacked["optimizer.state.exp_avg.embedding.word_embeddings.weight"] = torch.zeros(3)
     stacked["model.decoder.layers.self_attention.core_attention._extra_state"] = b"te"
     _save_dcp(stacked, tmp_path / "dcp")
-    m = convert_dcp_to_safetensors(tmp_path / "dcp", tmp_path / "ck", num_heads=4, vocab_size=64,
-                                   make_vocab_size_divisible_by=48, shards=2)
-    assert (m.num_layers, m.hidden_size, m.intermediate_size, m.max_position_embeddings) == (2, 64, 256, cfg.max_position_embeddings)
+    rc = main(["checkpoint", "convert", str(tmp_path / "dcp"), "--out", str(tmp_path / "ck"), "--num-attention-heads",
+               "4", "--vocab-size", "64", "--make-vocab-size-divisible-by", "48", "--shards", "2", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out) == {
+        "out": str(tmp_path / "ck"), "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 64}
+    rc = main(["checkpoint", "convert", str(tmp_path / "dcp"), "--out", str(tmp_path / "bad"), "--num-attention-heads", "3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--num-attention-heads 3 does not divide the hidden size 64" in err
+    assert not (tmp_path / "bad").exists()
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     assert torch.equal(_logits(_load(tmp_path / "ck"), ids), _logits(model, ids))
 
