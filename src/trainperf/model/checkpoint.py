@@ -222,9 +222,9 @@ def check_checkpoint(index: CheckpointIndex, m: ModelSpec) -> None:
         if name not in index.tensors:
             raise SpecError(f"checkpoint {str(index.path)!r} lacks tensor {name!r}")
         got = index.tensors[name][1]
-        if name in VOCAB_ROWS and len(got) == 2 and got[1] == shape[1] and got[0] >= m.vocab_size:
-            pass  # Megatron pads the vocabulary to its TP's multiple: any padding loads (rows are re-padded)
-        elif got != shape:
+        # Megatron pads the vocabulary to its TP's multiple: any padding loads (fit_vocab_rows re-pads)
+        padded_vocab = name in VOCAB_ROWS and len(got) == 2 and got[1] == shape[1] and got[0] >= m.vocab_size
+        if got != shape and not padded_vocab:
             raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has shape {got}, config.json implies {shape}"
                             + (f" (rows >= vocab_size {m.vocab_size})" if name in VOCAB_ROWS else ""))
         dtype = index.tensors[name][2]
