@@ -181,9 +181,10 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
             r.run_stop_ms = ll.timestamp
             r.stop_status = meta.get("status")
             if r.stop_status == "success":
-                tokens = RCP_UNIT.get(r.benchmark or "") == "tokens"  # gpt3's RCPs count tokens (epoch_num)
-                r.samples_to_converge = (round(last_eval_epoch) if last_eval_epoch is not None else None) \
-                    if tokens else last_eval_samples
+                if r.convergence_unit == "tokens":  # gpt3's RCPs count tokens: its epoch_num
+                    r.samples_to_converge = None if last_eval_epoch is None else round(last_eval_epoch)
+                else:
+                    r.samples_to_converge = last_eval_samples
     if not r.benchmark:
         raise SpecError(f"{label}{path!r} logs no submission_benchmark: cannot tell what it is a run of")
     return r
@@ -702,7 +703,8 @@ def print_score(score: Score, console=None) -> None:
     table = Table(title=f"trainperf score: {score.benchmark} ({score.division or '?'} division, GBS {score.gbs}, "
                         f"ruleset {score.ruleset}) -- {len(score.runs)} of {score.required_runs} runs")
     for col, justify in (("#", "right"), ("run", "left"), ("seed", "right"), ("status", "left"),
-                         ("minutes", "right"), (RCP_UNIT.get(score.benchmark, "samples"), "right"), ("olympic", "left")):
+                         ("minutes", "right"), (RCP_UNIT.get(score.benchmark, "samples"), "right"),
+                         ("olympic", "left")):
         table.add_column(col, justify=justify)
     for i, (r, role) in enumerate(zip(score.runs, score.roles)):
         status = "[green]success[/green]" if r.success else f"[red]{r.failure}[/red]"
@@ -719,7 +721,8 @@ def print_score(score: Score, console=None) -> None:
         sub = rcp.get("submission_mean")
         console.print(f"RCP            {verdict} ({rcp['message']}; {rcp.get('reference') or 'no reference'})")
         if rcp.get("rcp_mean") is not None:
-            console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} {rcp.get('unit', 'samples')}, RCP mean "
+            unit = rcp.get("unit", "samples")
+            console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} {unit}, RCP mean "
                           f"{rcp['rcp_mean']:.1f}, minimum acceptable {rcp['min_acceptable_mean']:.1f}")
     console.print(f"scaling factor {score.scaling_factor:.4f}")
     verdict = "[green]valid MLPerf score[/green]" if score.valid else "[red]not valid[/red]"
