@@ -110,6 +110,7 @@ def test_dcp_folder_converts_to_safetensors_and_loads(tmp_path, capsys):
                 [state[orig[0] + f"{i}." + orig[1]] for i in range(cfg.num_layers)])
         elif not name.startswith("decoder.layers."):
             stacked["model." + name] = t
+    stacked["model.output_layer.weight"] = state["embedding.word_embeddings.weight"].clone()  # a tied copy: dropped
     stacked["optimizer.state.exp_avg.embedding.word_embeddings.weight"] = torch.zeros(3)
     stacked["model.decoder.layers.self_attention.core_attention._extra_state"] = b"te"
     _save_dcp(stacked, tmp_path / "dcp")
@@ -142,6 +143,10 @@ def test_dcp_metadata_that_names_other_code_is_refused(tmp_path):
         read_dcp_metadata(tmp_path / "evil")
     with pytest.raises(SpecError, match="no .metadata file"):
         read_dcp_metadata(tmp_path)
+    _save_dcp({"embedding.word_embeddings.weight": torch.zeros(4, 2), "output_layer.weight": torch.ones(4, 2)},
+              tmp_path / "untied")
+    with pytest.raises(SpecError, match="an untied output layer"):
+        convert_dcp_to_safetensors(tmp_path / "untied", tmp_path / "out", num_heads=1)
     _save_dcp({"decoder.layers.0.mlp.linear_fc1.weight": torch.zeros(4, 2)}, tmp_path / "partial")
     with pytest.raises(SpecError, match="no tensor 'embedding.word_embeddings.weight'"):
         convert_dcp_to_safetensors(tmp_path / "partial", tmp_path / "out", num_heads=1)

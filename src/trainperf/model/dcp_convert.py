@@ -108,9 +108,14 @@ def read_dcp_model_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
 
 
-def per_layer_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def per_layer_names(tensors: dict[str, torch.Tensor], where: str = "the DCP folder") -> dict[str, torch.Tensor]:
     """Stacked layers split into ``decoder.layers.{i}.``, TE's fused LayerNorm names renamed, the tied
-    output layer dropped (stored once, as the embedding)."""
+    output layer dropped (stored once, as the embedding); an output layer that differs from the
+    embedding is refused (the GPT family ties them)."""
+    out_layer, emb = tensors.get("output_layer.weight"), tensors.get("embedding.word_embeddings.weight")
+    if out_layer is not None and (emb is None or not torch.equal(out_layer, emb)):
+        raise SpecError(f"{where}: output_layer.weight differs from embedding.word_embeddings.weight (an untied "
+                        "output layer); the GPT family ties them, as GPT-3 does")
     out: dict[str, torch.Tensor] = {}
     stacked = re.compile(r"^decoder\.layers\.(?!\d+\.)(.+)$")
     for name, t in tensors.items():
@@ -156,7 +161,7 @@ def convert_dcp_to_safetensors(src: str | Path, dest: str | Path, num_heads: int
     from trainperf.model import checkpoint as ckpt  # the target layout's writer and shape table
 
     where = f"DCP folder {str(src)!r}"
-    tensors = per_layer_names(read_dcp_model_tensors(src))
+    tensors = per_layer_names(read_dcp_model_tensors(src), where)
     s = infer_shapes(tensors, where)
     vocab = vocab_size or s.embedding_rows
     if vocab > s.embedding_rows:
