@@ -187,6 +187,21 @@ def test_checkpoints_that_contradict_the_family_or_config_exit_2_in_one_line(tmp
     assert not (tmp_path / "t.db").exists()  # refused before anything is stored or launched
 
 
+def test_closed_gpt3_needs_the_4000_step_checkpoint_when_its_config_says(tmp_path):
+    from trainperf.workloads import fabricate
+
+    data = fabricate.write_gpt_chain_megatron(tmp_path / "d", train_rows=4, eval_rows=1)
+    ck = fabricate.write_gpt_checkpoint(tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "consumed_train_samples": 1536 * 3000}))
+    with pytest.raises(SpecError, match=r"consumed_train_samples=4608000; the closed division of gpt3 starts from the "
+                                        r"4000-step checkpoint \(6,144,000 samples"):
+        _prepare("gpt3", f"model.path={ck}", f"data.path={data}", "hardware.device=cpu")
+    (ck / "config.json").write_text(json.dumps({**cfg, "consumed_train_samples": 1536 * 4000}))
+    with pytest.raises(SpecError, match="model.vocab_size=16 is not the gpt3-175b architecture"):  # the next check
+        _prepare("gpt3", f"model.path={ck}", f"data.path={data}", "hardware.device=cpu")
+
+
 def test_data_that_contradicts_the_recipe_is_refused(tmp_path):
     from trainperf.workloads import fabricate
 

@@ -22,7 +22,7 @@ from trainperf.core.layout import layout_string
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
-from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, mark_open_if_shrunk
+from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, record_collectives
 from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
@@ -73,6 +73,7 @@ def _apply_checkpoint_config(spec: RunSpec, world_size: int, asked: dict | None 
             msg = msg.replace(f"model.{ours}=", f"{theirs}=")
         raise SpecError(f"{where} describes an invalid model: {msg}") from None
     ckpt.check_checkpoint(index, spec.model)
+    check_start_checkpoint(spec, index.config)
 
 
 def prepare(workload: str, config: str | None, overrides: list[str], world_size: int) -> tuple[RunSpec, dict]:
