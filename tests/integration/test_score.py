@@ -55,3 +55,32 @@ def test_export_is_accepted_by_the_package_checker(tmp_path, capsys):
                            "--log_output", str(tmp_path / "pc.log")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster-scale pretraining benchmarks: RCPs in tokens (gpt3) and in samples (llama31_405b)
+
+@pytest.mark.parametrize("benchmark, ruleset, evals, unit, converged", [
+    # gpt3 GBS 2048: evals every 24,576 x 2048 = 50,331,648 tokens; the 24th: 1,207,959,552 tokens (an RCP value)
+    ("gpt3", "4.1.0", 24, "tokens", 24 * 24_576 * 2048),
+    # llama31_405b GBS 1152: 14 evals skipped, then every 18,432 samples; the 3rd: 17 x 18,432 = 313,344 samples
+    ("llama31_405b", "5.1.0", 3, "samples", 313_344),
+    ("llama31_405b", "6.0.0", 3, "samples", 313_344),
+])
+def test_pretraining_sets_score_in_their_rcp_unit_and_export(tmp_path, capsys, benchmark, ruleset, evals, unit,
+                                                             converged):
+    from tests.fixtures.score import write_pretrain_log
+
+    src = tmp_path / "src"
+    for i, minutes in enumerate((100.0, 90.0, 95.0)):
+        write_pretrain_log(src / f"result_{i}.txt", benchmark, minutes, seed=2000 + i, evals_to_target=evals)
+    rc, out, _ = run_cli(capsys, "score", str(src), "--ruleset", ruleset, "--export", str(tmp_path / "pkg"),
+                         "--system", "h100 pod", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["valid"], d["reason"]
+    assert d["required_runs"] == 3 and d["olympic_mean_minutes"] == pytest.approx(95.0)  # drop 90 and 100
+    assert d["convergence_unit"] == unit and d["rcp"]["unit"] == unit
+    assert [r["samples_to_converge"] for r in d["runs"]] == [converged] * 3
+    assert d["rcp"]["passed"] and d["rcp"]["submission_mean"] == pytest.approx(converged)
+    chk = d["export"]["package_check"]
+    assert chk["passed"] and chk["errors"] == [], chk

@@ -32,6 +32,7 @@ def commands() -> dict[str, ModuleType]:
     # imported on first use, not with this package: `python -m trainperf.cli.preflight` runs that module
     # as __main__ and warns when the package has imported it already
     from trainperf.cli import (
+        checkpoint,
         data,
         demo,
         import_,
@@ -47,8 +48,8 @@ def commands() -> dict[str, ModuleType]:
     )
 
     return {"run": run, "plan": plan, "tune": tune, "sweep": sweep, "workloads": workloads, "report": report,
-            "preflight": preflight, "trace": trace, "data": data, "score": score, "demo": demo,
-            "import": import_}
+            "preflight": preflight, "trace": trace, "data": data, "checkpoint": checkpoint, "score": score,
+            "demo": demo, "import": import_}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,6 +128,11 @@ def inspect_megatron(path: str, seq_len: int, vocab_size: int) -> dict[str, int]
             ix = read_index(idx)
             if ix.dtype.kind == "f":
                 raise SpecError(f"{str(idx)!r} stores {ix.dtype} values, not token ids")
+            most = np.iinfo(ix.dtype).max + 1
+            if most < vocab_size:  # Megatron stores uint16 below 65,500 ids: data for another tokenizer
+                raise SpecError(f"{str(idx)!r} stores {ix.dtype.name} ids (at most {most:,} distinct), but the model's "
+                                f"vocabulary has {vocab_size:,}: the data was tokenized for another tokenizer; "
+                                "tokenize it for this model's")
             tokens += ix.tokens
         rows[split] = tokens // seq_len
         if rows[split] < 1:

@@ -275,6 +275,25 @@ def init_checkpoint_step(spec: RunSpec) -> int:
     return 0
 
 
+def check_start_checkpoint(spec: RunSpec, checkpoint_config: dict) -> None:
+    """gpt3's closed division starts from the reference's 4000-step checkpoint: a config.json that states
+    the samples its weights have trained on (Megatron's ``consumed_train_samples``; `trainperf checkpoint
+    convert --consumed-train-samples` writes it) must state 4000 x 1536."""
+    consumed = checkpoint_config.get("consumed_train_samples")
+    if spec.mlperf.division != "closed" or spec.mlperf.benchmark != "gpt3" or consumed is None:
+        return
+    if consumed != GPT3_CHECKPOINT_SAMPLES:
+        raise SpecError(f"model.path {spec.model.path!r}: config.json says consumed_train_samples={consumed}; the closed "
+                        f"division of gpt3 starts from the 4000-step checkpoint ({GPT3_CHECKPOINT_SAMPLES:,} samples, "
+                        "logged as init_checkpoint_step); use mlperf.division=open for another start point")
+
+
+def eval_samples_logged(spec: RunSpec, rows: int) -> int:
+    """The log's eval_samples for ``rows`` validation sequences: gpt3 states its eval set in tokens
+    (11,590,004 in the reference), the others in sequences."""
+    return rows * spec.data.seq_len if spec.mlperf.benchmark == "gpt3" else rows
+
+
 def progress_count(spec: RunSpec, samples: int, train_rows: int) -> float:
     """The log's epoch_num for ``samples`` trained: gpt3 counts tokens (its RCPs are in tokens),
     the others the fraction of the training set."""

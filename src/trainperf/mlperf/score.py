@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 from trainperf import __version__
 from trainperf.core.errors import SpecError
+from trainperf.mlperf.recipes import RCP_UNIT
 from trainperf.store.db import Store, StoreError
 
 # mlperf_logging is imported inside the functions that call it: its RCP checker loads scipy (seconds),
@@ -77,7 +78,9 @@ class RunResult:
     run_start_ms: float | None = None
     run_stop_ms: float | None = None
     stop_status: str | None = None  # run_stop metadata.status; None when the log has no run_stop
-    samples_to_converge: int | None = None  # samples_count of the last eval_accuracy before a successful run_stop
+    # the last eval_accuracy before a successful run_stop, in the benchmark's RCP unit (convergence_unit):
+    # its samples_count, or for gpt3 its epoch_num, which counts tokens
+    samples_to_converge: int | None = None
     number_of_nodes: Any = None
     accelerators_per_node: Any = None
     parse_errors: int = 0
@@ -87,6 +90,10 @@ class RunResult:
     @property
     def name(self) -> str:
         return self.run_id or self.path
+
+    @property
+    def convergence_unit(self) -> str:
+        return RCP_UNIT.get(self.benchmark or "", "samples")
 
     @property
     def has_times(self) -> bool:
@@ -140,7 +147,7 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
     if not loglines:
         raise SpecError(f"{label}{path!r} has no ':::MLLOG' lines: not an MLPerf log")
     r = RunResult(path=path, run_id=run_id, parse_errors=len(errors))
-    last_eval_samples = None
+    last_eval_samples = last_eval_epoch = None
     for ll in loglines:
         v = ll.value if isinstance(ll.value, dict) else {}
         value, meta = v.get("value"), v.get("metadata") or {}
@@ -168,11 +175,16 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
         elif k == "eval_accuracy" and r.run_stop_ms is None:
             if "samples_count" in meta:
                 last_eval_samples = meta["samples_count"]
+            if "epoch_num" in meta:
+                last_eval_epoch = meta["epoch_num"]
         elif k == "run_stop" and r.run_stop_ms is None:
             r.run_stop_ms = ll.timestamp
             r.stop_status = meta.get("status")
             if r.stop_status == "success":
-                r.samples_to_converge = last_eval_samples
+                if r.convergence_unit == "tokens":  # gpt3's RCPs count tokens: its epoch_num
+                    r.samples_to_converge = None if last_eval_epoch is None else round(last_eval_epoch)
+                else:
+                    r.samples_to_converge = last_eval_samples
     if not r.benchmark:
         raise SpecError(f"{label}{path!r} logs no submission_benchmark: cannot tell what it is a run of")
     return r
@@ -326,6 +338,7 @@ class Score:
             "score_minutes": self.score_minutes, "olympic_mean_minutes": self.olympic_mean_minutes,
             "scaling_factor": self.scaling_factor,
             "run_times_minutes": [r.minutes for r in self.runs],
+            "convergence_unit": RCP_UNIT.get(self.benchmark, "samples"),
             "runs": [{"run_id": r.run_id, "path": r.path, "minutes": r.minutes, "success": r.success,
                       "status": r.stop_status, "samples_to_converge": r.samples_to_converge,
                       "seeds": r.seeds, "role": role} for r, role in zip(self.runs, self.roles)],
@@ -448,8 +461,9 @@ def rcp_check(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> dict:
     benchmark, gbs = runs[0].benchmark, runs[0].gbs
     for r in runs:
         if r.success and r.samples_to_converge is None:
-            raise SpecError(f"{r.name}: run_stop says success but no eval_accuracy with samples_count precedes it "
-                            "(the RCP check needs samples to converge)")
+            key = "epoch_num" if r.convergence_unit == "tokens" else "samples_count"
+            raise SpecError(f"{r.name}: run_stop says success but no eval_accuracy with {key} precedes it "
+                            f"(the RCP check needs the {r.convergence_unit} to converge)")
     with tempfile.TemporaryDirectory(prefix="trainperf-rcp-") as tmp, captured_logging() as records, \
             warnings.catch_warnings():
         _stage(runs, Path(tmp))
@@ -463,6 +477,7 @@ def rcp_check(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> dict:
             raise SpecError(f"the RCP checker could not read these logs ({type(exc).__name__}: {exc})") from None
     samples = [r.samples_to_converge if r.success else None for r in runs]
     out = {"applicable": True, "passed": bool(passed), "message": msg, "ruleset": ruleset, "rcp_pass": RCP_PASS,
+           "unit": runs[0].convergence_unit,
            "global_batch_size": gbs, "reference": None, "kind": None, "rcp_mean": None, "min_acceptable_mean": None,
            "submission_mean": None, "samples_to_converge": samples, "scaling_factor": scaling,
            "normalization_factor": float(norm),
@@ -688,7 +703,8 @@ def print_score(score: Score, console=None) -> None:
     table = Table(title=f"trainperf score: {score.benchmark} ({score.division or '?'} division, GBS {score.gbs}, "
                         f"ruleset {score.ruleset}) -- {len(score.runs)} of {score.required_runs} runs")
     for col, justify in (("#", "right"), ("run", "left"), ("seed", "right"), ("status", "left"),
-                         ("minutes", "right"), ("samples", "right"), ("olympic", "left")):
+                         ("minutes", "right"), (RCP_UNIT.get(score.benchmark, "samples"), "right"),
+                         ("olympic", "left")):
         table.add_column(col, justify=justify)
     for i, (r, role) in enumerate(zip(score.runs, score.roles)):
         status = "[green]success[/green]" if r.success else f"[red]{r.failure}[/red]"
@@ -705,7 +721,8 @@ def print_score(score: Score, console=None) -> None:
         sub = rcp.get("submission_mean")
         console.print(f"RCP            {verdict} ({rcp['message']}; {rcp.get('reference') or 'no reference'})")
         if rcp.get("rcp_mean") is not None:
-            console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} samples, RCP mean "
+            unit = rcp.get("unit", "samples")
+            console.print(f"               submission mean {'-' if sub is None else f'{sub:.1f}'} {unit}, RCP mean "
                           f"{rcp['rcp_mean']:.1f}, minimum acceptable {rcp['min_acceptable_mean']:.1f}")
     console.print(f"scaling factor {score.scaling_factor:.4f}")
     if score.valid:

@@ -1,7 +1,10 @@
 """Hugging Face safetensors checkpoints in, PEFT adapters out. No pickle anywhere.
 
 A checkpoint directory holds ``config.json`` and one or more ``*.safetensors`` shards (with
-``model.safetensors.index.json`` when sharded). ``inspect_checkpoint`` reads only the headers, so a
+``model.safetensors.index.json`` when sharded). A Llama checkpoint is Hugging Face's layout; a GPT
+checkpoint is the same directory layout with Megatron Core's tensor names (model/gpt.py lists them;
+the tied output layer is stored once, as ``embedding.word_embeddings.weight``, with any number of
+padded rows >= vocab_size) and a config.json of Megatron's argument names (``MEGATRON_CONFIG_KEYS``). ``inspect_checkpoint`` reads only the headers, so a
 missing, corrupt or mismatched checkpoint is reported before any process is launched.
 Loading goes tensor by tensor into whatever placement each parameter has (plain or DTensor):
 no rank ever holds more than one full tensor at a time.
@@ -34,6 +37,26 @@ HF_CONFIG_KEYS = {  # ModelSpec field -> Hugging Face LlamaConfig key
 }
 
 
+# ModelSpec field -> Megatron argument name, as a GPT checkpoint's config.json spells it
+MEGATRON_CONFIG_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "ffn_hidden_size",
+    "num_layers": "num_layers",
+    "num_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+    "rms_norm_eps": "layernorm_epsilon",
+    "make_vocab_size_divisible_by": "make_vocab_size_divisible_by",
+}
+MEGATRON_OPTIONAL_KEYS = ("layernorm_epsilon", "make_vocab_size_divisible_by")
+VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")  # padded rows: any count >= vocab
+
+
+def config_keys(family: str) -> dict[str, str]:
+    """ModelSpec field -> config.json key, for the model family's checkpoint layout."""
+    return MEGATRON_CONFIG_KEYS if family == "gpt" else HF_CONFIG_KEYS
+
+
 @dataclass
 class CheckpointIndex:
     path: Path
@@ -56,11 +79,40 @@ def hf_config_to_model_fields(config: dict, where: str) -> dict:
         if value is None:
             if theirs in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
                 continue
-            raise SpecError(f"{where}: config.json lacks {theirs!r}")
+            hint = " (a Megatron GPT config; this workload trains a Llama)" if "ffn_hidden_size" in config else ""
+            raise SpecError(f"{where}: config.json lacks {theirs!r}{hint}")
         fields[ours] = value
     if config.get("tie_word_embeddings"):
         raise SpecError(f"{where}: tied input/output embeddings are not supported (config.json tie_word_embeddings=true)")
     return fields
+
+
+def megatron_config_to_model_fields(config: dict, where: str) -> dict:
+    fields = {}
+    for ours, theirs in MEGATRON_CONFIG_KEYS.items():
+        value = config.get(theirs)
+        if value is None:
+            if theirs in MEGATRON_OPTIONAL_KEYS:
+                continue
+            hint = " (a Hugging Face Llama config; this workload trains a GPT)" if config.get("model_type") == "llama" else ""
+            raise SpecError(f"{where}: config.json lacks {theirs!r}{hint}; a GPT checkpoint's config.json names "
+                            f"Megatron's arguments: {', '.join(MEGATRON_CONFIG_KEYS.values())}")
+        fields[ours] = value
+    fields["num_kv_heads"] = fields["num_heads"]  # GPT-3 attention: one key/value head per query head
+    return fields
+
+
+def config_to_model_fields(config: dict, family: str, where: str) -> dict:
+    if family == "gpt":
+        return megatron_config_to_model_fields(config, where)
+    return hf_config_to_model_fields(config, where)
+
+
+def model_fields_to_megatron_config(m: ModelSpec, dtype: str = "float32") -> dict:
+    cfg = {theirs: getattr(m, ours) for ours, theirs in MEGATRON_CONFIG_KEYS.items()}
+    cfg.update({"architectures": ["GPTModel"], "model_type": "megatron-gpt", "torch_dtype": dtype,
+                "padded_vocab_size": m.padded_vocab_size(1)})
+    return cfg
 
 
 def model_fields_to_hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
@@ -122,7 +174,27 @@ def inspect_checkpoint(path: str) -> CheckpointIndex:
     return CheckpointIndex(p, config, tensors)
 
 
+def expected_gpt_shapes(m: ModelSpec) -> dict[str, list[int]]:
+    """Megatron names -> shapes; the word embedding's row count is the padded vocabulary at TP 1
+    (check_checkpoint accepts any row count >= vocab_size there)."""
+    h, f = m.hidden_size, m.intermediate_size
+    shapes = {"embedding.word_embeddings.weight": [m.padded_vocab_size(1), h],
+              "embedding.position_embeddings.weight": [m.max_position_embeddings, h],
+              "decoder.final_layernorm.weight": [h], "decoder.final_layernorm.bias": [h]}
+    for i in range(m.num_layers):
+        pre = f"decoder.layers.{i}."
+        for norm in ("input_layernorm", "pre_mlp_layernorm"):
+            shapes[pre + norm + ".weight"] = shapes[pre + norm + ".bias"] = [h]
+        shapes.update({pre + "self_attention.linear_qkv.weight": [3 * h, h], pre + "self_attention.linear_qkv.bias": [3 * h],
+                       pre + "self_attention.linear_proj.weight": [h, h], pre + "self_attention.linear_proj.bias": [h],
+                       pre + "mlp.linear_fc1.weight": [f, h], pre + "mlp.linear_fc1.bias": [f],
+                       pre + "mlp.linear_fc2.weight": [h, f], pre + "mlp.linear_fc2.bias": [h]})
+    return shapes
+
+
 def expected_shapes(m: ModelSpec, fused_qkv: bool) -> dict[str, list[int]]:
+    if m.family == "gpt":
+        return expected_gpt_shapes(m)
     h, hd, q_out, kv_out = m.hidden_size, m.head_dim, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     shapes = {"model.embed_tokens.weight": [m.vocab_size, h], "model.norm.weight": [h], "lm_head.weight": [m.vocab_size, h]}
     for i in range(m.num_layers):
@@ -150,8 +222,11 @@ def check_checkpoint(index: CheckpointIndex, m: ModelSpec) -> None:
         if name not in index.tensors:
             raise SpecError(f"checkpoint {str(index.path)!r} lacks tensor {name!r}")
         got = index.tensors[name][1]
-        if got != shape:
-            raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has shape {got}, config.json implies {shape}")
+        # Megatron pads the vocabulary to its TP's multiple: any padding loads (fit_vocab_rows re-pads)
+        padded_vocab = name in VOCAB_ROWS and len(got) == 2 and got[1] == shape[1] and got[0] >= m.vocab_size
+        if got != shape and not padded_vocab:
+            raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has shape {got}, config.json implies {shape}"
+                            + (f" (rows >= vocab_size {m.vocab_size})" if name in VOCAB_ROWS else ""))
         dtype = index.tensors[name][2]
         if dtype not in ("F32", "F16", "BF16"):
             raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has dtype {dtype}; expected F32, F16 or BF16")
@@ -187,7 +262,9 @@ class _TensorReader:
 
     def full_tensor_for(self, param_name: str) -> torch.Tensor:
         """The checkpoint's tensor for one of our parameter names, fusing or splitting q/k/v."""
-        base = param_name
+        from trainperf.model.gpt import TIED_WEIGHTS  # a GPT's tied output layer is stored as its embedding
+
+        base = TIED_WEIGHTS.get(param_name, param_name) if param_name not in self.index.tensors else param_name
         if base in self.index.tensors:
             return self.get(base)
         if base.endswith("self_attn.qkv_proj.weight"):  # unfused checkpoint, fused model
@@ -221,12 +298,20 @@ def _local_slice(reader: "_TensorReader", name: str, param) -> torch.Tensor | No
 
     if not isinstance(param, DTensor) or name not in reader.index.tensors:
         return None
-    if reader.model.storage_transforms(name) is not None:
+    if reader.model.storage_transforms(name) is not None or list(param.shape) != reader.index.tensors[name][1]:
         return None
     if any(type(pl) not in (Shard, Replicate) for pl in param.placements):
         return None
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     return reader.get_slice(name)[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+
+
+def fit_vocab_rows(embedding: torch.Tensor, rows: int) -> torch.Tensor:
+    """A padded-vocabulary tensor at this model's padding: rows past the checkpoint's are zero (padding
+    ids never occur in data); rows past ours are the checkpoint's padding, dropped."""
+    if embedding.shape[0] >= rows:
+        return embedding[:rows]
+    return torch.cat([embedding, embedding.new_zeros(rows - embedding.shape[0], *embedding.shape[1:])])
 
 
 def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tensor=None) -> int:
@@ -261,6 +346,8 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
                 continue
             full = to_storage(model, name, reader.full_tensor_for(name))
             nbytes += full.numel() * full.element_size()
+            if name in VOCAB_ROWS:
+                full = fit_vocab_rows(full, param.shape[0])
             if isinstance(param, DTensor):
                 local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
                 param.to_local().copy_(local.to_local())
@@ -289,6 +376,42 @@ def save_hf_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str) 
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     atomic_write_dir(Path(dest), write)
+
+
+def save_megatron_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str | Path, shards: int = 1,
+                             extra_config: dict | None = None) -> None:
+    """A GPT state dict (Megatron names) as a safetensors checkpoint directory: config.json of Megatron's
+    arguments, ``shards`` files and, when sharded, model.safetensors.index.json. The tied output layer
+    is stored once; the embedding at the padding of TP 1."""
+    from trainperf.model.gpt import TIED_WEIGHTS  # names the tied copy that is not stored
+
+    tensors = {k: v.contiguous() for k, v in state.items() if k not in TIED_WEIGHTS}
+    emb = "embedding.word_embeddings.weight"
+    tensors[emb] = fit_vocab_rows(tensors[emb], m.padded_vocab_size(1)).contiguous()
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[tensors[emb].dtype]
+    config = {**model_fields_to_megatron_config(m, dtype), **(extra_config or {})}
+    write_safetensors_dir(tensors, config, Path(dest), shards)
+
+
+def write_safetensors_dir(tensors: dict[str, torch.Tensor], config: dict, dest: Path, shards: int) -> None:
+    """config.json + safetensors shards (+ the index when more than one), written atomically."""
+    names = sorted(tensors)
+    shards = max(1, min(shards, len(names)))
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        if shards == 1:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            return
+        weight_map = {}
+        for s in range(shards):
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = names[s::shards]
+            save_file({n: tensors[n] for n in part}, str(tmp / fname), metadata={"format": "pt"})
+            weight_map.update({n: fname for n in part})
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+
+    atomic_write_dir(dest, write)
 
 
 def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, dest: str,

@@ -26,7 +26,7 @@ from trainperf.core.processes import process_start_time
 from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
-from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, mark_open_if_shrunk
+from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, record_collectives
 from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
@@ -59,10 +59,11 @@ def _apply_checkpoint_config(spec: RunSpec, world_size: int, asked: dict | None 
     config.json contradicts would be silently replaced, so it is an error."""
     where = f"model.path {spec.model.path!r}: config.json"
     index = ckpt.inspect_checkpoint(spec.model.path)
-    fields = ckpt.hf_config_to_model_fields(index.config, f"model.path {spec.model.path!r}")
+    keys = ckpt.config_keys(spec.model.family)
+    fields = ckpt.config_to_model_fields(index.config, spec.model.family, f"model.path {spec.model.path!r}")
     for k, v in fields.items():
         if k in (asked or {}) and asked[k] != v:
-            raise SpecError(f"model.{k}={asked[k]} contradicts {where} ({ckpt.HF_CONFIG_KEYS[k]}={v}): the "
+            raise SpecError(f"model.{k}={asked[k]} contradicts {where} ({keys.get(k, k)}={v}): the "
                             f"checkpoint defines the architecture; drop the model.{k} override")
         try:
             set_value(spec, f"model.{k}", v)
@@ -72,10 +73,11 @@ def _apply_checkpoint_config(spec: RunSpec, world_size: int, asked: dict | None 
         validate_run(spec, world_size)
     except SpecError as exc:
         msg = str(exc)
-        for ours, theirs in ckpt.HF_CONFIG_KEYS.items():  # name the key as config.json spells it
+        for ours, theirs in keys.items():  # name the key as config.json spells it
             msg = msg.replace(f"model.{ours}=", f"{theirs}=")
         raise SpecError(f"{where} describes an invalid model: {msg}") from None
     ckpt.check_checkpoint(index, spec.model)
+    check_start_checkpoint(spec, index.config)
 
 
 def prepare(workload: str, config: str | None, overrides: list[str], world_size: int) -> tuple[RunSpec, dict]:
@@ -84,7 +86,8 @@ def prepare(workload: str, config: str | None, overrides: list[str], world_size:
     defaults = wl.defaults()
     spec = resolve_spec(defaults, config, overrides)
     apply_gbs_schedule(spec, defaults)  # gpt3 / llama31_405b: the rate and schedule follow the GBS
-    asked = {k: getattr(spec.model, k) for k in ckpt.HF_CONFIG_KEYS if getattr(spec.model, k) != getattr(defaults.model, k)}
+    asked = {k: getattr(spec.model, k) for k in ckpt.config_keys(spec.model.family)
+             if getattr(spec.model, k) != getattr(defaults.model, k)}
     if spec.hardware.device == "cuda":
         if not torch.cuda.is_available():
             raise SpecError("hardware.device=cuda but no CUDA device is visible; use hardware.device=cpu or auto")

@@ -44,7 +44,7 @@ from trainperf.core.spec import (
 from trainperf.data.sampler import GlobalBatchSampler, eval_shards, split_local
 from trainperf.data.tokens import load_any
 from trainperf.mlperf.log import KEYS, RunLog
-from trainperf.mlperf.recipes import hyperparameter_events, progress_count
+from trainperf.mlperf.recipes import eval_samples_logged, hyperparameter_events, progress_count
 from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
@@ -414,7 +414,7 @@ class _Run:
             val_split = val_split.limit(d.eval_samples)
         self.val_split = val_split
         self.log.event(KEYS.TRAIN_SAMPLES, len(self.train_split))
-        self.log.event(KEYS.EVAL_SAMPLES, len(val_split))
+        self.log.event(KEYS.EVAL_SAMPLES, eval_samples_logged(self.spec, len(val_split)))
         self.sampler = GlobalBatchSampler(len(self.train_split), t.global_batch_size, t.seed)
         # a pipeline evaluates in the same micro-batches it trains in
         eval_bs = t.global_batch_size // self.dp if p.pp > 1 else e.batch_size
