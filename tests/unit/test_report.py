@@ -66,8 +66,10 @@ def test_published_points_only_beside_comparable_runs_of_their_gpu_model():
     assert published_points_for([run | {"hardware_json": '{"gpu": null}'}])[0] == []
 
 
-def test_terminal_table_drops_columns_to_fit_and_keeps_values_whole(tmp_path):
+def test_terminal_table_drops_columns_to_fit_and_keeps_values_whole(tmp_path, monkeypatch):
     import io
+
+    monkeypatch.setenv("COLUMNS", "120")  # not a terminal: the width a pipe or log file is given
 
     from rich.console import Console
 
