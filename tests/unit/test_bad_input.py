@@ -385,6 +385,19 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
         ck = make_checkpoint(tmp / "ck")
         (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-2.safetensors"}}))
         return "mini-lora", [f"model.path={ck}"]
+    if kind == "ckpt-tensor-in-two-shards":  # two shards, the index names each tensor once, one is in both
+        from safetensors.torch import load_file, save_file
+
+        ck = make_checkpoint(tmp / "ck")
+        tensors = load_file(str(ck / "model.safetensors"))
+        names = sorted(tensors)
+        first, second = names[: len(names) // 2], names[len(names) // 2:]
+        save_file({n: tensors[n] for n in first}, str(ck / "model-1.safetensors"))
+        save_file({n: tensors[n] for n in [*second, first[0]]}, str(ck / "model-2.safetensors"))
+        (ck / "model.safetensors").unlink()
+        weight_map = {**{n: "model-1.safetensors" for n in first}, **{n: "model-2.safetensors" for n in second}}
+        (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        return "mini-lora", [f"model.path={ck}"]
     if kind == "ckpt-config-lacks-key":
         return "mini-lora", [f"model.path={make_checkpoint(tmp / 'ck', num_hidden_layers=None)}"]
     if kind == "ckpt-more-layers":
@@ -429,6 +442,8 @@ def _prepare_case(tmp: Path, kind: str) -> tuple[str, list[str]]:
         ("ckpt-no-config", ["model.path", "no config.json"]),
         ("ckpt-no-safetensors", ["model.path", "no *.safetensors"]),
         ("ckpt-missing-shard", ["model.path", "model-2.safetensors", "missing"]),
+        ("ckpt-tensor-in-two-shards", ["stored twice", "model-1.safetensors and model-2.safetensors",
+                                       "the index names model-1.safetensors", "keep one copy"]),
         ("ckpt-config-lacks-key", ["config.json lacks", "num_hidden_layers"]),
         ("ckpt-more-layers", ["lacks tensor", "model.layers.2."]),
         ("ckpt-wider-mlp", ["mlp.", "[176, 64]", "[200, 64]"]),

@@ -148,6 +148,7 @@ def inspect_checkpoint(path: str) -> CheckpointIndex:
         raise SpecError(f"model.path {path!r}: config.json must hold a JSON object, found {type(config).__name__}")
     files = sorted(p.glob("*.safetensors"))
     index_file = p / "model.safetensors.index.json"
+    weight_map: dict = {}
     if index_file.is_file():
         try:
             weight_map = json.loads(index_file.read_text())["weight_map"]
@@ -166,11 +167,16 @@ def inspect_checkpoint(path: str) -> CheckpointIndex:
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as sf:
-                for name in sf.keys():
-                    sl = sf.get_slice(name)
-                    tensors[name] = (f, list(sl.get_shape()), sl.get_dtype())
+                names = list(sf.keys())
+                shapes = {name: (list(sf.get_slice(name).get_shape()), sf.get_slice(name).get_dtype()) for name in names}
         except Exception as exc:
             raise SpecError(f"model.path {path!r}: {f.name} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+        for name in names:
+            if name in tensors:  # which copy would load is an accident of file order: refuse, whatever the index says
+                named = f" (the index names {weight_map[name]})" if name in weight_map else ""
+                raise SpecError(f"model.path {path!r}: tensor {name!r} is stored twice, in {tensors[name][0].name} and "
+                                f"{f.name}{named}; keep one copy")
+            tensors[name] = (f, *shapes[name])
     return CheckpointIndex(p, config, tensors)
 
 
