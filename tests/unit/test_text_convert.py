@@ -59,3 +59,23 @@ def test_txt_files_are_documents_and_bad_inputs_are_one_line_errors(tmp_path, to
                         "--validation-documents", "1"]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:1: expected a JSON object with a string 'text' field" in err and err.count("\n") == 1
+
+
+def test_a_sentencepiece_model_encodes_like_sentencepiece_itself(tmp_path):
+    spm = pytest.importorskip("sentencepiece")  # in the test extras; optional for users
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["the cat sat on the mat", "a dog ran far", "the mat was red", "cats and dogs"] * 20))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=24,
+                                   model_type="unigram", user_defined_symbols=["<eod>"], minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    texts = ["the cat ran", "a red mat", "dogs sat"]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = convert([str(tmp_path / "docs.jsonl")], str(tmp_path / "pretok"), None, None, validation_documents=1,
+                  text=TextOptions(str(tmp_path / "sp.model"), eod_token="<eod>"))
+    eod = sp.PieceToId("<eod>")
+    assert out["vocab_size"] == sp.GetPieceSize() == 24 and out["eod_id"] == eod
+    assert read_document(tmp_path / "pretok", "train", 0).tolist() == sp.Encode("a red mat") + [eod]
+    with pytest.raises(SpecError, match="not a SentencePiece model"):
+        (tmp_path / "bad.model").write_bytes(b"not a model")
+        convert([str(tmp_path / "docs.jsonl")], str(tmp_path / "pretok2"), None, None, validation_documents=1,
+                text=TextOptions(str(tmp_path / "bad.model")))
