@@ -2,8 +2,9 @@
 assets): the system the runs ran on; per workload a scaling table of one (GPU count, layout, GBS, MBS)
 per row with its anomalies, time to train against GPUs (beside the published results of the same
 benchmark and GPU model, for comparable runs only) and eval loss against samples with the target;
-MLPerf scores; predicted against measured; every run. Tune trials are left out by the caller unless
-asked for."""
+MLPerf scores; predicted against measured; every run. Another engine's imported runs (`trainperf
+import`) have rows and plot series of their own, named by engine, and are never pooled, scored or
+projected with this engine's runs. Tune trials are left out by the caller unless asked for."""
 
 from __future__ import annotations
 
@@ -24,30 +25,44 @@ from trainperf.report.plots import (
     time_to_train_png,
 )
 from trainperf.report.projection import projected_scaling_rows
-from trainperf.report.scaling import ScalingRow, full_layout, row_key, scaling_table
+from trainperf.report.scaling import (
+    OUR_ENGINE,
+    ScalingRow,
+    engine_of,
+    full_layout,
+    gpu_family,
+    gpu_model_of,
+    is_imported,
+    row_key,
+    scaling_key,
+    scaling_table,
+    system_of,
+)
 
 
 def olympic_scores(runs: list[dict], min_runs: int = 3) -> list[dict]:
-    """The MLPerf score of each (workload, layout, GPUs) group with at least ``min_runs`` finished runs,
+    """The MLPerf score of each (engine, system, GPU model, workload, layout, GPUs) group with at least ``min_runs`` finished runs,
     computed from their MLPerf logs exactly as `trainperf score` does: olympic mean in minutes (a single
     non-converged run dropped as the slowest), RCP verdict and scaling for closed-division groups, and
     whether the group is a valid MLPerf score (the benchmark's run count, at most one failure)."""
     groups = defaultdict(list)
     for r in runs:
         if r["status"] in ("success", "failed") and r.get("mllog_path") and os.path.isfile(r["mllog_path"]):
-            groups[row_key(r)].append(r)
+            groups[scaling_key(r)].append(r)  # one engine's runs of one system form a set, never a mix
     out = []
-    for (w, n, layout, _gbs, _mbs), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (engine, system, _gpu, w, n, layout, _gbs, _mbs), members in sorted(groups.items(), key=lambda kv: str(kv[0])):
         if len(members) < min_runs:
             continue
         try:
             score = score_runs([read_run(r["mllog_path"], run_id=r["run_id"]) for r in members])
         except SpecError as exc:  # e.g. logs of mixed GBS: not one score
-            out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": None,
+            out.append({"engine": engine, "system": system, "workload": w, "layout": layout, "gpus": n,
+                        "runs": len(members), "score_min": None,
                         "valid": False, "verdict": str(exc)})
             continue
         rcp = score.rcp or {}
-        out.append({"workload": w, "layout": layout, "gpus": n, "runs": len(members), "score_min": score.score_minutes,
+        out.append({"engine": engine, "system": system, "workload": w, "layout": layout, "gpus": n, "runs": len(members),
+                    "score_min": score.score_minutes,
                     "olympic_min": score.olympic_mean_minutes,
                     "valid": score.valid, "verdict": score.reason or "valid MLPerf score",
                     "rcp": ("pass" if rcp.get("passed") else "fail") if "passed" in rcp else rcp.get("message", "-")})
@@ -104,7 +119,7 @@ def _json(text: str | None) -> dict:
 def system_section(runs: list[dict], preflight: dict | None) -> str:
     """What the runs ran on: device, count, hosts, software (from the runs' rows), the newest preflight."""
     seen: dict[tuple, list[str]] = defaultdict(list)
-    for r in runs:
+    for r in [r for r in runs if not is_imported(r)]:
         hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
         device = hw.get("gpu") or (f"CPU {hw.get('cpu') or ''} ({hw.get('cores')} cores)" if hw else "-")
         soft = ", ".join(f"{k} {v}" for k, v in sorted(sw.items()) if v)
@@ -121,13 +136,34 @@ def system_section(runs: list[dict], preflight: dict | None) -> str:
                 f"Measured link and device rates: {html.escape(measured or '-')}.</p>")
     else:
         out += "<p>No GPU preflight in this store (`trainperf preflight` measures the GPUs and links).</p>"
-    return out
+    return out + imported_systems_section(runs)
+
+
+def imported_systems_section(runs: list[dict]) -> str:
+    """The submitted systems behind the imported runs of other engines: engine, submitter, system, GPUs,
+    nodes, network and precision, as their system descriptions and configs give them."""
+    seen: dict[tuple, int] = defaultdict(int)
+    for r in runs:
+        if is_imported(r):
+            hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
+            seen[(engine_of(r), sw.get("round") or "-", sw.get("org") or "-", hw.get("system") or "-",
+                  hw.get("gpu") or "-", r["world_size"], hw.get("nodes") or "-",
+                  hw.get("interconnect") or hw.get("network") or "-", sw.get("precision") or "-")] += 1
+    if not seen:
+        return ""
+    rows = [[*k, n] for k, n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
+    return ("<p>Imported runs of other engines (read from their published MLPerf logs by `trainperf import`):</p>"
+            + _table(["engine", "round", "submitter", "system", "GPU", "GPUs", "nodes", "interconnect", "precision",
+                      "runs"], rows))
 
 
 def scaling_section(rows: list[ScalingRow]) -> str:
-    headers = ["GPUs", "layout", "GBS", "MBS", "time to train (min)", "basis", "runs (ok)", "tokens/s/GPU",
+    """One engine's row never serves as another's base; the engine (and an imported row's system) is
+    named in each row."""
+    imported = any(r.engine != OUR_ENGINE for r in rows)
+    headers = ["engine", *(["system"] if imported else []), "GPU", "GPUs", "layout", "GBS", "MBS", "time to train (min)", "basis", "runs (ok)", "tokens/s/GPU",
                "TFLOP/s/GPU", "MFU", "speedup", "efficiency", "anomalies"]
-    cells = [[r.gpus, r.layout, _f(r.gbs, ""), _f(r.mbs, ""),
+    cells = [[r.engine, *([r.system or "-"] if imported else []), r.gpu_model or "-", r.gpus, r.layout, _f(r.gbs, ""), _f(r.mbs, ""),
               _f(None if r.time_to_train_s is None else r.time_to_train_s / 60, ".2f"), r.time_basis or "-",
               f"{r.runs} ({r.succeeded})", _f(r.tokens_per_s_per_gpu, ",.0f"), _f(r.tflops_per_gpu, ".3g"),
               _pct(r.mfu), "-" if r.speedup is None else f"{r.speedup:.2f}× ({r.speedup_basis})",
@@ -143,8 +179,39 @@ def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
         return [], ""
     gpus = {_json(r.get("hardware_json")).get("gpu") or "" for r in comparable}
     models = {m for m in ("H100", "H200") if any(m in g for g in gpus)}
-    points = [p for p in LLAMA2_70B_LORA if p[3] in models]
+    points, _ = split_imported([p for p in LLAMA2_70B_LORA if p[3] in models], runs)
     return points, f"published llama2_70b_lora, {', '.join(sorted(models))} (MLCommons)"
+
+
+def is_imported_point(point: tuple, runs: list[dict]) -> bool:
+    """Whether a published llama2_70b_lora result (round, org, system, GPU, GPUs, GBS, minutes) is also
+    among the imported runs: same round, submitter, GPU model, GPU count and GBS."""
+    rnd, org, _system, gpu, gpus, gbs, _minutes = point
+    for r in runs:
+        if not is_imported(r) or r["workload"] != "llama2_70b_lora" or r["world_size"] != gpus:
+            continue
+        sw = _json(r.get("software_json"))
+        if (sw.get("round") == rnd and str(sw.get("org") or "").lower() == org.lower() and gpu in gpu_model_of(r)
+                and row_key(r)[3] == gbs):
+            return True
+    return False
+
+
+def split_imported(points: list[tuple], runs: list[dict]) -> tuple[list[tuple], list[tuple]]:
+    """(published points to show, those left out because their logs are imported as runs): one
+    published result is shown once, as the imported runs, which carry its layout and every run."""
+    kept = [p for p in points if not is_imported_point(p, runs)]
+    return kept, [p for p in points if p not in kept]
+
+
+def plotted_imported_rows(rows: list[ScalingRow], runs: list[dict]) -> list[ScalingRow]:
+    """The rows of a workload's plot: this engine's, and imported engines' on a GPU model this engine's
+    comparable runs used (all of them when the workload has only imported runs)."""
+    ours = [r for r in runs if not is_imported(r)]
+    if not ours:
+        return rows
+    models = {gpu_family(gpu_model_of(r)) for r in ours if r.get("comparable") and gpu_model_of(r)}
+    return [r for r in rows if r.engine == OUR_ENGINE or gpu_family(r.gpu_model) in models]
 
 
 def workload_section(workload: str, runs: list[dict], rows: list[ScalingRow], evals_by_run: dict[str, list[dict]]) -> str:
@@ -156,7 +223,8 @@ def workload_section(workload: str, runs: list[dict], rows: list[ScalingRow], ev
              "GPUs with the same GBS.</p>" if rows else "<p>No finished runs with a measurement.</p>"]
     if rows:
         parts.append(scaling_section(rows))
-    parts.append("<div class='plots'>" + _img("time to train vs GPUs", time_to_train_png(workload, rows, published, label))
+    plotted = plotted_imported_rows(rows, runs)
+    parts.append("<div class='plots'>" + _img("time to train vs GPUs", time_to_train_png(workload, plotted, published, label))
                  + _img("eval loss vs samples", eval_curves_png(workload, runs, evals_by_run,
                                                                 targets[0] if targets else None)) + "</div>")
     return "".join(parts)
@@ -187,7 +255,8 @@ def _projected_section(runs: list[dict]) -> str:
         return ""
     return ("<h2>Projected time to train (throughput runs × the RCP's samples to converge)</h2>"
             "<p>A projection, not a time to train: measured samples/s of short runs, the MLPerf reference "
-            "samples to converge at their GBS, plus the recipe's evals (measured eval pass, or planned).</p>" + _table(
+            "samples to converge at their GBS, plus the recipe's evals (measured eval pass, or planned). "
+            "This engine's runs only: imported runs of other engines have their own times to train.</p>" + _table(
                 ["benchmark", "GPUs", "layout", "GBS", "MBS", "samples/s", "reference samples", "evals (s)",
                  "projected (min)", "speedup", "efficiency", "tokens/s/GPU", "MFU"],
                 [[r["benchmark"], r["gpus"], full_layout({"parallel": {"dp_shard": r.get("dp"), **{
@@ -202,17 +271,17 @@ def _scores_section(runs: list[dict]) -> str:
     if not scores:
         return ""
     return "<h2>MLPerf scores (olympic mean, minutes; `trainperf score` for the full verdict)</h2>" + _table(
-        ["workload", "GPUs", "layout", "runs", "olympic mean", "score", "RCP", "verdict"],
-        [[s["workload"], s["gpus"], s["layout"], s["runs"], _f(s.get("olympic_min"), ".2f"),
+        ["engine", "workload", "GPUs", "layout", "runs", "olympic mean", "score", "RCP", "verdict"],
+        [[s["engine"] + (f" ({s['system']})" if s["system"] else ""), s["workload"], s["gpus"], s["layout"], s["runs"], _f(s.get("olympic_min"), ".2f"),
           _f(s["score_min"], ".2f") if s["valid"] else "none (not valid)", s.get("rcp", "-"),
           s["verdict"]] for s in scores], ["" if s["valid"] else "anomaly" for s in scores])
 
 
 def _runs_section(runs: list[dict]) -> str:
     return "<h2>Runs</h2>" + _table(
-        ["run", "workload", "kind", "status", "GPUs", "layout", "GBS/MBS", "time to train (s)", "samples",
+        ["run", "workload", "engine", "kind", "status", "GPUs", "layout", "GBS/MBS", "time to train (s)", "samples",
          "eval / target", "tokens/s/GPU", "MFU", "division"],
-        [[r["run_id"], r["workload"], r.get("purpose") or "run", r["status"], r["world_size"], full_layout_of(r),
+        [[r["run_id"], r["workload"], engine_of(r), r.get("purpose") or "run", r["status"], r["world_size"], full_layout_of(r),
           "/".join(_f(x, "") for x in row_key(r)[3:]), _f(r.get("time_to_train_s"), ".1f"),
           _f(r.get("samples_to_target"), "d"), f"{_f(r.get('final_eval_loss'), '.4f')} / {_f(r.get('target'), '.4f')}",
           _f(r.get("tokens_per_s_per_gpu"), ",.0f"), _pct(r.get("mfu")),
@@ -243,9 +312,13 @@ def render(runs: list[dict], evals_by_run: dict[str, list[dict]] | None = None, 
         parts.append("<h2>Step-time breakdown</h2>" + _img("step-time breakdown", step_breakdown_png(traced)))
     parts.append(_runs_section(runs))
     if published_points_for(runs)[0]:
-        parts.append("<h2>Published MLPerf llama2_70b_lora results</h2><p class='note'>" + html.escape(SOURCE)
+        shown, imported = split_imported(LLAMA2_70B_LORA, runs)
+        why = ("" if not imported else f"<p>{len(imported)} published result(s) ({'; '.join(f'{p[0]} {p[1]} {p[4]}x{p[3]}' for p in imported)}) "
+               "are shown once, as the imported runs above, not here: those carry the same logs' layout, "
+               "throughput and every run's time.</p>")
+        parts.append("<h2>Published MLPerf llama2_70b_lora results</h2>" + why + "<p class='note'>" + html.escape(SOURCE)
                      + "</p>" + _table(["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"],
-                                       [list(p) for p in LLAMA2_70B_LORA]))
+                                       [list(p) for p in shown]))
     else:
         parts.append("<p class='note'>Published MLPerf results are shown beside comparable (closed-division) runs "
                      "of their benchmark only; none of these runs is one.</p>")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import io
 
-from trainperf.report.scaling import ScalingRow
+from trainperf.report.scaling import OUR_ENGINE, ScalingRow
 
 LOSS_CURVES_PER_PLOT = 6
 
@@ -29,23 +29,29 @@ def _png(fig) -> str:
 
 
 def time_to_train_png(workload: str, rows: list[ScalingRow], published: list[tuple], published_label: str) -> str | None:
-    """Minutes to train against GPUs: the best row per GPU count, ideal scaling from the fewest GPUs
-    (dotted), and the published points given (already filtered to this benchmark and GPU model)."""
-    best: dict[int, ScalingRow] = {}
+    """Minutes to train against GPUs: one series per engine and GPU model (the best row per GPU count,
+    this engine's first), ideal scaling from the first series' fewest GPUs (dotted), and the published
+    points given (already filtered to this benchmark and GPU model)."""
+    series: dict[tuple[bool, str, str], dict[int, ScalingRow]] = {}
     for r in rows:
-        if r.time_to_train_s and (r.gpus not in best or r.time_to_train_s < best[r.gpus].time_to_train_s):
+        if not r.time_to_train_s:
+            continue
+        best = series.setdefault((r.engine != OUR_ENGINE, r.engine, r.gpu_model), {})
+        if r.gpus not in best or r.time_to_train_s < best[r.gpus].time_to_train_s:
             best[r.gpus] = r
-    if not best:
+    if not series:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    n = sorted(best)
-    t = [best[g].time_to_train_s / 60 for g in n]
-    ax.plot(n, t, "o-", label=f"{workload} (best layout per GPU count)")
-    for g, m in zip(n, t):
-        ax.annotate(best[g].layout, (g, m), fontsize=7, xytext=(4, 4), textcoords="offset points")
-    if len(n) > 1:
-        ax.plot(n, [t[0] * n[0] / g for g in n], ":", color="grey", label="ideal scaling")
+    for i, ((imported, engine, gpu), best) in enumerate(sorted(series.items())):
+        n = sorted(best)
+        t = [best[g].time_to_train_s / 60 for g in n]
+        name = f"{engine}{' (imported)' if imported else ''}{' ' + gpu if gpu else ''}"
+        ax.plot(n, t, "s--" if imported else "o-", label=f"{name}, best layout per GPU count")
+        for g, m in zip(n, t):
+            ax.annotate(best[g].layout, (g, m), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        if i == 0 and len(n) > 1:
+            ax.plot(n, [t[0] * n[0] / g for g in n], ":", color="grey", label=f"ideal scaling of {name}")
     if published:
         ax.scatter([p[4] for p in published], [p[6] for p in published], marker="x", color="black",
                    label=published_label)

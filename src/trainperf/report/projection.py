@@ -6,7 +6,8 @@ checker knows how many samples the reference needs to converge at that global ba
 time to train = reference samples ÷ measured samples/s + the evals the recipe runs on the way (each
 one the run's own measured eval pass when it made one, else the planner's estimate). It is a
 projection and is always labelled so -- never a time to train: only a run that reaches the target
-has one. The scaling-table helpers both tables share (layout columns, speedup and efficiency against
+has one. Imported runs of another engine are not projected: their published logs already carry a
+time to train, and this engine's GPU preset would price their evals as ours. The scaling-table helpers both tables share (layout columns, speedup and efficiency against
 the smallest GPU count) live here too.
 """
 
@@ -26,6 +27,7 @@ from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.plan.costs import estimate
 from trainperf.plan.hardware import preset_for_device
 from trainperf.plan.search import time_to_train
+from trainperf.report.scaling import is_imported
 
 
 def eval_pass_seconds(mllog: str | None) -> tuple[list[float], int | None]:
@@ -66,8 +68,9 @@ def _same_problem(spec, recipe) -> bool:
 
 
 def project(run: dict) -> dict | None:
-    """The projection of one stored run, or None (no step time, no benchmark, no reference)."""
-    if not run.get("step_time_s"):
+    """The projection of one stored run, or None (another engine's run, no step time, no benchmark, no
+    reference)."""
+    if is_imported(run) or not run.get("step_time_s"):
         return None
     try:
         spec = RunSpec.from_dict(json.loads(run["spec_json"]))

@@ -1,11 +1,12 @@
-"""The operators' scaling table: one row per (workload, GPU count, layout, GBS, MBS), never a pool of
-different layouts, with speedup and efficiency against the smallest comparable row and the anomalies
+"""The operators' scaling table: one row per (engine, workload, GPU model, GPU count, layout, GBS, MBS)
+-- and per submitted system for another engine's imported runs -- never a pool of different layouts or
+of two engines' runs, with speedup and efficiency against the smallest comparable row and the anomalies
 a reader should not take at face value.
 
 A row's time to train is the olympic mean of its successful runs (the fastest and the slowest
 dropped) when it has at least ``OLYMPIC_MIN_RUNS``, else their mean; throughput, TFLOP/s and MFU
 are the median over its runs that measured steps (throughput probes end failed and still count).
-Rows are comparable when they train the same workload at the same global batch size; the base is
+Rows are comparable when one engine trains the same workload at the same global batch size; the base is
 the fastest of those at the fewest GPUs. Speedup compares times to train when both rows have one,
 else throughput (samples/s of the whole job), and says which.
 """
@@ -13,6 +14,7 @@ else throughput (samples/s of the whole job), and says which.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,6 +26,45 @@ SPREAD_WARN = 0.15  # times to train of one row further apart than this are flag
 PLANNER_WARN = 0.25  # a measured step time this far from the planner's prediction is flagged
 SUPERLINEAR = 1.05  # efficiency above this: suspect the baseline (a cold cache, another layout)
 POOR_SCALING = 0.5
+
+
+OUR_ENGINE = "trainperf"  # a run whose row names no engine is this engine's own
+
+
+def engine_of(run: dict) -> str:
+    """The engine that ran a stored run: this one, or the imported engine its row names (nemo, ...)."""
+    return run.get("engine") or OUR_ENGINE
+
+
+def is_imported(run: dict) -> bool:
+    """A run of another engine read from its published MLPerf logs (`trainperf import`)."""
+    return bool(run.get("engine"))
+
+
+def gpu_model_of(run: dict) -> str:
+    """The accelerator a run's row names ('' for a CPU run)."""
+    return str(_json_field(run, "hardware_json").get("gpu") or "")
+
+
+def gpu_family(name: str) -> str:
+    """The GPU model in a device name ('NVIDIA H200-SXM5-141GB' -> 'H200'), or the name itself."""
+    m = re.search(r"\b([A-Z]{1,2}\d{2,3})\b", name or "")
+    return m.group(1) if m else (name or "")
+
+
+def system_of(run: dict) -> str:
+    """The submitted system of an imported run (its submitter and system name); '' for this engine's runs."""
+    if not is_imported(run):
+        return ""
+    hw, sw = _json_field(run, "hardware_json"), _json_field(run, "software_json")
+    return " ".join(x for x in (sw.get("round"), sw.get("org"), hw.get("system")) if x)
+
+
+def _json_field(run: dict, key: str) -> dict:
+    try:
+        return json.loads(run.get(key) or "{}") or {}
+    except (TypeError, ValueError):
+        return {}
 
 
 @dataclass
@@ -47,6 +88,9 @@ class ScalingRow:
     efficiency: float | None = None
     speedup_basis: str = ""  # 'time to train' or 'throughput'
     anomalies: list[str] = field(default_factory=list)
+    engine: str = OUR_ENGINE
+    gpu_model: str = ""
+    system: str = ""  # an imported row's submitter and system; '' for this engine's rows
 
     @property
     def samples_per_s(self) -> float | None:
@@ -88,8 +132,14 @@ def _median(values: list) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def scaling_key(run: dict) -> tuple:
+    """What one scaling row holds: one engine's (and system's) runs of one workload, GPU model, GPU
+    count, layout, GBS and MBS."""
+    return (engine_of(run), system_of(run), gpu_model_of(run), *row_key(run))
+
+
 def _row(key: tuple, members: list[dict]) -> ScalingRow:
-    workload, gpus, layout, gbs, mbs = key
+    engine, system, gpu_model, workload, gpus, layout, gbs, mbs = key
     ok = [r for r in members if r["status"] == "success" and r.get("time_to_train_s") is not None]
     time_s, basis = olympic_time([r["time_to_train_s"] for r in ok])
     row = ScalingRow(workload, gpus, layout, gbs, mbs, len(members), len(ok), time_s, basis,
@@ -97,7 +147,7 @@ def _row(key: tuple, members: list[dict]) -> ScalingRow:
                      _median([r.get("model_tflops_per_gpu") for r in members]), _median([r.get("mfu") for r in members]),
                      _median([r.get("step_time_s") for r in members]),
                      _median([r.get("predicted_step_time_s") for r in members]),
-                     run_ids=[r["run_id"] for r in members])
+                     run_ids=[r["run_id"] for r in members], engine=engine, gpu_model=gpu_model, system=system)
     times = [r["time_to_train_s"] for r in ok]
     if len(times) > 1 and max(times) / min(times) - 1 > SPREAD_WARN:
         row.anomalies.append(f"times to train differ by {100 * (max(times) / min(times) - 1):.0f}%")
@@ -117,7 +167,7 @@ def _add_speedup(rows: list[ScalingRow]) -> None:
     """Speedup and efficiency of each row against the fastest row at the fewest GPUs of its group."""
     groups: dict[tuple, list[ScalingRow]] = defaultdict(list)
     for r in rows:
-        groups[(r.workload, r.gbs)].append(r)
+        groups[(r.engine, r.workload, r.gbs)].append(r)  # never one engine's row as another's base
     for members in groups.values():
         fewest = min(r.gpus for r in members)
         if all(r.gpus == fewest for r in members):
@@ -144,12 +194,13 @@ def _add_speedup(rows: list[ScalingRow]) -> None:
 
 def scaling_table(runs: list[dict]) -> list[ScalingRow]:
     """The scaling rows of finished runs (running and hung ones are left out), sorted by workload,
-    GPUs, layout, GBS."""
+    engine (this one first), GBS, GPUs, layout."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         if r["status"] in ("success", "failed") and (r.get("time_to_train_s") is not None or r.get("step_time_s")):
-            groups[row_key(r)].append(r)
+            groups[scaling_key(r)].append(r)
     rows = [_row(k, v) for k, v in groups.items()]
-    rows.sort(key=lambda r: (r.workload, r.gbs or 0, r.gpus, r.layout, r.mbs or 0))
+    rows.sort(key=lambda r: (r.workload, r.engine != OUR_ENGINE, r.engine, r.gbs or 0, r.gpus, r.gpu_model, r.system,
+                             r.layout, r.mbs or 0))
     _add_speedup(rows)
     return rows

@@ -8,19 +8,21 @@ from rich.console import Console
 from rich.table import Table
 
 from trainperf.core.results import REPORT_COLUMNS
-from trainperf.report.scaling import row_key
+from trainperf.report.scaling import engine_of, is_imported, row_key
 
 # a run's results (RunSummary's report columns) and what the planner predicted for it
 COLUMNS = (*REPORT_COLUMNS, "predicted_step_time_s", "predicted_peak_gib")
 
 
 def rows_for_json(runs: list[dict]) -> list[dict]:
-    """Each run's report columns, with its layout's degrees (DP2·TP4·SP), GBS, MBS and whether it is a trial."""
+    """Each run's report columns, with the engine that ran it (trainperf, or an imported engine such as
+    nemo), its layout's degrees (DP2·TP4·SP), GBS, MBS and whether it is a trial."""
     out = []
     for r in runs:
         _, _, degrees, gbs, mbs = row_key(r)
         out.append({k: r.get(k) for k in COLUMNS} | {"comparable": bool(r.get("comparable")), "degrees": degrees,
-                                                    "gbs": gbs, "mbs": mbs, "purpose": r.get("purpose", "run")})
+                                                    "gbs": gbs, "mbs": mbs, "purpose": r.get("purpose", "run"),
+                                                    "engine": engine_of(r)})
     return out
 
 
@@ -54,6 +56,7 @@ def _mfu(r: dict) -> str:
 RUN_COLUMNS = (
     ("run", "left", lambda r: r["run_id"]),
     ("status", "left", _status),
+    ("engine", "left", engine_of),
     ("GPUs", "right", lambda r: _fmt(r.get("world_size"))),
     ("layout", "left", lambda r: row_key(r)[2]),
     ("time to train", "right", _time),
@@ -93,8 +96,10 @@ def fit_columns(headers: list[str], cells: list[list[str]], width: int | None) -
 def print_table(runs: list[dict], console: Console | None = None, wide: bool = False, trials_left_out: int = 0) -> None:
     """The runs, one line each with whole values: on a narrow terminal the less important columns are
     left out (and named), ``wide`` keeps them all."""
-    headers = [c[0] for c in RUN_COLUMNS]
-    cells = [[c[2](r) for c in RUN_COLUMNS] for r in runs]
+    # the engine column only when another engine's imported runs are listed beside this engine's
+    columns = RUN_COLUMNS if any(is_imported(r) for r in runs) else [c for c in RUN_COLUMNS if c[0] != "engine"]
+    headers = [c[0] for c in columns]
+    cells = [[c[2](r) for c in columns] for r in runs]
     console = console or Console()
     width = None if wide else (console.width if console.is_terminal else int(os.environ.get("COLUMNS", PIPE_WIDTH)))
     keep = fit_columns(headers, cells, width)
@@ -104,7 +109,7 @@ def print_table(runs: list[dict], console: Console | None = None, wide: bool = F
     left = f", {trials_left_out} tune trials left out (--trials)" if trials_left_out else ""
     table = Table(title=f"trainperf runs ({len(runs)}{left})", show_lines=False)
     for i in keep:
-        table.add_column(headers[i], justify=RUN_COLUMNS[i][1], no_wrap=True)
+        table.add_column(headers[i], justify=columns[i][1], no_wrap=True)
     for r, row in zip(runs, cells):
         style = {"success": "green", "failed": "red", "running": "yellow", "hung": "magenta"}.get(r["status"], "")
         table.add_row(*[f"[{style}]{row[i]}[/{style}]" if headers[i] == "status" and style else row[i] for i in keep])
