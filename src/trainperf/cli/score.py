@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="*", metavar="RUN",
                    help="run ids from the store, result directories, or mllog files (result_*.txt, mllog.txt)")
     p.add_argument("--workload", help="score the most recent finished runs of this workload in the store")
+    p.add_argument("--engine", help="with --workload: the runs of this engine (trainperf, or an imported one such as "
+                   "nemo; default: the newest run's); two engines' runs are never one set")
     p.add_argument("--last", type=int, default=None,
                    help="with --workload: how many of its newest runs (default: the runs its benchmark requires)")
     p.add_argument("--ruleset", default="6.0.0", help="MLPerf training ruleset for RCPs and checks (default 6.0.0)")
@@ -37,7 +39,8 @@ def run(args) -> int:
     )
 
     try:
-        runs = gather_runs(args.inputs, db=args.db, workload=args.workload, last=args.last, ruleset=args.ruleset)
+        runs = gather_runs(args.inputs, db=args.db, workload=args.workload, last=args.last, ruleset=args.ruleset,
+                            engine=args.engine)
         result = score_runs(runs, ruleset=args.ruleset)
         if args.export:
             result.export = export_package(result, args.export, org=args.org, system=args.system)

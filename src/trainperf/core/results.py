@@ -107,3 +107,12 @@ def steady_throughput(step_times: list[float], tokens_per_step: int, world: int)
     step_time = statistics.median(steady)
     tokens_per_s = tokens_per_step / step_time
     return step_time, tokens_per_s, per_gpu(tokens_per_s, world)
+
+
+OUR_ENGINE = "trainperf"  # a stored run whose row names no engine is this engine's own
+
+
+def engine_of(row: dict) -> str:
+    """The engine that ran a stored run: this one, or the imported engine its row names (`trainperf
+    import`: nemo, ...). Two engines' runs are never pooled, scored or projected as one."""
+    return row.get("engine") or OUR_ENGINE

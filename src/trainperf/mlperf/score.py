@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 from trainperf import __version__
 from trainperf.core.errors import SpecError
+from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.mlperf.recipes import RCP_UNIT
 from trainperf.store.db import Store, StoreError
 
@@ -235,24 +236,49 @@ def _required_for(benchmark: str) -> int:
     return counts[benchmark]
 
 
+def one_engine(rows: list[dict], engine: str | None) -> list[dict]:
+    """The stored runs of one engine: ``engine`` (trainperf = this one), else the newest row's; this
+    engine's runs and an imported engine's (`trainperf import`) are never one set."""
+    chosen = engine or (engine_of(rows[0]) if rows else OUR_ENGINE)
+    kept = [r for r in rows if engine_of(r) == chosen]
+    if rows and not kept:
+        engines = sorted({engine_of(r) for r in rows})
+        raise SpecError(f"--engine {chosen}: none of these runs is of that engine; engines with runs: {', '.join(engines)}")
+    return kept
+
+
+def check_one_engine(rows: list[dict]) -> None:
+    """Refuse store runs of two engines named as one set, naming each engine's runs."""
+    by_engine: dict[str, list[str]] = {}
+    for r in rows:
+        by_engine.setdefault(engine_of(r), []).append(r["run_id"])
+    if len(by_engine) > 1:
+        named = "; ".join(f"{e}: {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}" for e, ids in sorted(by_engine.items()))
+        raise SpecError(f"runs of different engines are not one set ({named}); score each engine's runs apart")
+
+
 def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workload: str | None = None,
-                last: int | None = None, ruleset: str = DEFAULT_RULESET) -> list[RunResult]:
+                last: int | None = None, ruleset: str = DEFAULT_RULESET, engine: str | None = None) -> list[RunResult]:
     """Resolve what the user named into runs, oldest first.
 
     ``inputs``: paths (``result_*.txt``/``mllog.txt`` files, or directories holding ``result_*.txt``,
     an ``mllog.txt`` or run folders with one) and run ids of the store at ``db``, in any mix.
-    ``workload``: the most recent finished runs of that workload in the store; ``last`` of them
-    (default: as many as the workload's MLPerf benchmark requires).
+    ``workload``: the most recent finished runs of that workload in the store, of one engine
+    (``engine``, else the newest run's); ``last`` of them (default: as many as the workload's MLPerf
+    benchmark requires). Run ids of two engines are refused: never one set.
     """
     _check_ruleset(ruleset)
     inputs = list(inputs or [])
     if workload and inputs:
         raise SpecError("give either run ids / paths or --workload, not both")
+    if engine is not None and not workload:
+        raise SpecError("--engine only goes with --workload (it picks that engine's runs of the workload)")
     if last is not None and not workload:
         raise SpecError("--last N only goes with --workload (it picks that workload's N newest runs)")
     if last is not None and last < 1:
         raise SpecError(f"--last {last}: must be >= 1")
     runs: list[RunResult] = []
+    stored_rows: list[dict] = []
     store = None
     try:
         if workload:
@@ -260,6 +286,7 @@ def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workl
             rows = [r for r in store.list_runs(workload=workload, limit=1_000_000, trials=False) if r["status"] != "running"]
             if not rows:
                 raise SpecError(f"no finished runs of workload {workload!r} in {db!r}")
+            rows = one_engine(rows, engine)
             if last is None:
                 try:
                     bench = json.loads(rows[0]["spec_json"]).get("mlperf", {}).get("benchmark")
@@ -288,6 +315,8 @@ def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workl
                 row = store.get_run(item)
                 if row is None:
                     raise SpecError(f"{item!r} is neither a file or directory nor a run id in {db!r}")
+                stored_rows.append(row)
+                check_one_engine(stored_rows)
                 runs.append(_run_from_row(row, ruleset))
     finally:
         if store is not None:

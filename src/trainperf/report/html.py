@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 
 from trainperf.core.errors import SpecError
+from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
 from trainperf.mlperf.score import read_run, score_runs
 from trainperf.report.plots import (
@@ -26,9 +27,7 @@ from trainperf.report.plots import (
 )
 from trainperf.report.projection import projected_scaling_rows
 from trainperf.report.scaling import (
-    OUR_ENGINE,
     ScalingRow,
-    engine_of,
     full_layout,
     gpu_family,
     gpu_model_of,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import base64
 import io
 
-from trainperf.report.scaling import OUR_ENGINE, ScalingRow
+from trainperf.core.results import OUR_ENGINE
+from trainperf.report.scaling import ScalingRow
 
 LOSS_CURVES_PER_PLOT = 6
 

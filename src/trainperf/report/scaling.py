@@ -20,20 +20,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from trainperf.core.layout import degrees_name
+from trainperf.core.results import OUR_ENGINE, engine_of
 
 OLYMPIC_MIN_RUNS = 3
 SPREAD_WARN = 0.15  # times to train of one row further apart than this are flagged
 PLANNER_WARN = 0.25  # a measured step time this far from the planner's prediction is flagged
 SUPERLINEAR = 1.05  # efficiency above this: suspect the baseline (a cold cache, another layout)
 POOR_SCALING = 0.5
-
-
-OUR_ENGINE = "trainperf"  # a run whose row names no engine is this engine's own
-
-
-def engine_of(run: dict) -> str:
-    """The engine that ran a stored run: this one, or the imported engine its row names (nemo, ...)."""
-    return run.get("engine") or OUR_ENGINE
 
 
 def is_imported(run: dict) -> bool:

@@ -7,8 +7,8 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from trainperf.core.results import REPORT_COLUMNS
-from trainperf.report.scaling import engine_of, is_imported, row_key
+from trainperf.core.results import REPORT_COLUMNS, engine_of
+from trainperf.report.scaling import is_imported, row_key
 
 # a run's results (RunSummary's report columns) and what the planner predicted for it
 COLUMNS = (*REPORT_COLUMNS, "predicted_step_time_s", "predicted_peak_gib")
