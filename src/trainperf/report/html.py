@@ -217,8 +217,9 @@ def workload_section(workload: str, runs: list[dict], rows: list[ScalingRow], ev
     published, label = published_points_for(runs)
     targets = [r["target"] for r in runs if r.get("target") is not None]
     parts = [f"<h2>{html.escape(workload)}</h2>",
-             "<p>One row per GPU count, layout, GBS and MBS. Time to train is the olympic mean where a row has "
-             "three or more successful runs; speedup and efficiency are against the fastest row at the fewest "
+             "<p>One row per engine, GPU model, GPU count, layout, GBS and MBS (and submitted system for "
+             "imported runs). Time to train is the olympic mean where a row has three or more successful runs; "
+             "speedup and efficiency are against the fastest row of the same engine and GPU model at the fewest "
              "GPUs with the same GBS.</p>" if rows else "<p>No finished runs with a measurement.</p>"]
     if rows:
         parts.append(scaling_section(rows))

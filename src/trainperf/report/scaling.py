@@ -6,8 +6,8 @@ a reader should not take at face value.
 A row's time to train is the olympic mean of its successful runs (the fastest and the slowest
 dropped) when it has at least ``OLYMPIC_MIN_RUNS``, else their mean; throughput, TFLOP/s and MFU
 are the median over its runs that measured steps (throughput probes end failed and still count).
-Rows are comparable when one engine trains the same workload at the same global batch size; the base is
-the fastest of those at the fewest GPUs. Speedup compares times to train when both rows have one,
+Rows are comparable when one engine trains the same workload at the same global batch size on the same
+GPU model; the base is the fastest of those at the fewest GPUs. Speedup compares times to train when both rows have one,
 else throughput (samples/s of the whole job), and says which.
 """
 
@@ -160,7 +160,8 @@ def _add_speedup(rows: list[ScalingRow]) -> None:
     """Speedup and efficiency of each row against the fastest row at the fewest GPUs of its group."""
     groups: dict[tuple, list[ScalingRow]] = defaultdict(list)
     for r in rows:
-        groups[(r.engine, r.workload, r.gbs)].append(r)  # never one engine's row as another's base
+        # never one engine's row (or one GPU model's) as the base of another's
+        groups[(r.engine, gpu_family(r.gpu_model), r.workload, r.gbs)].append(r)
     for members in groups.values():
         fewest = min(r.gpus for r in members)
         if all(r.gpus == fewest for r in members):
