@@ -238,13 +238,25 @@ def _required_for(benchmark: str) -> int:
 
 def one_engine(rows: list[dict], engine: str | None) -> list[dict]:
     """The stored runs of one engine: ``engine`` (trainperf = this one), else the newest row's; this
-    engine's runs and an imported engine's (`trainperf import`) are never one set."""
+    engine's runs and an imported engine's (`trainperf import`) are never one set, nor two submitted
+    systems of an imported engine (those of its newest run are kept)."""
     chosen = engine or (engine_of(rows[0]) if rows else OUR_ENGINE)
     kept = [r for r in rows if engine_of(r) == chosen]
     if rows and not kept:
         engines = sorted({engine_of(r) for r in rows})
         raise SpecError(f"--engine {chosen}: none of these runs is of that engine; engines with runs: {', '.join(engines)}")
+    if chosen != OUR_ENGINE:
+        kept = [r for r in kept if _submitted_system(r) == _submitted_system(kept[0])]
     return kept
+
+
+def _submitted_system(row: dict) -> tuple:
+    """(GPUs, system name) of an imported run: one submission's runs share them."""
+    try:
+        system = (json.loads(row.get("hardware_json") or "{}") or {}).get("system")
+    except (TypeError, ValueError):
+        system = None
+    return row["world_size"], system
 
 
 def check_one_engine(rows: list[dict]) -> None:

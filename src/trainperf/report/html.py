@@ -35,7 +35,6 @@ from trainperf.report.scaling import (
     row_key,
     scaling_key,
     scaling_table,
-    system_of,
 )
 
 
