@@ -279,12 +279,14 @@ def estimate(spec: RunSpec, gpu: GPU, gpus_per_node: int) -> Estimate:
     est = Estimate()
     megatron = gpu.data_parallel == "distributed_optimizer"
     est.memory.update(distributed_optimizer_memory(spec, s) if megatron else weight_memory(spec, s))
-    layer_set = activation_memory(spec, s, est, megatron_activation_bytes_per_token_layer(spec) if megatron else None)
+    layer_set = activation_memory(spec, s, est, megatron_activation_bytes_per_token_layer(
+        spec, fp8_mlp_outputs=gpu.fp8_activation_storage > 0) if megatron else None)
     micro = compute_seconds(spec, s, gpu)
     add_recompute_seconds(spec, s, gpu, micro)
     add_offload_seconds(spec, s, gpu, gpus_per_node, layer_set, micro, est)
     add_tp_cp_seconds(spec, s, gpu, gpus_per_node, micro, est)
     add_lm_head_recompute_seconds(spec, s, gpu, micro)
+    balance_asymmetric_stages(spec, s, gpu, micro)
     est.time.update(gemm=micro.gemm * s.mb, attention=micro.attention * s.mb, elementwise=micro.elementwise * s.mb,
                     recompute=micro.recompute * s.mb, offload_exposed=micro.offload * s.mb, tp_exposed=micro.tp * s.mb,
                     cp_exposed=micro.cp * s.mb)
@@ -347,14 +349,15 @@ def distributed_optimizer_memory(spec: RunSpec, s: RankShape) -> dict[str, float
             "optimizer_states": (4.0 + OPTIMIZER_STATE_BYTES[spec.train.optimizer]) * s.psi_train / (t * d)}
 
 
-def megatron_activation_bytes_per_token_layer(spec: RunSpec) -> float:
+def megatron_activation_bytes_per_token_layer(spec: RunSpec, fp8_mlp_outputs: bool = False) -> float:
     """Bytes a Megatron / Transformer Engine decoder layer keeps for backward per token, with fused
     attention (no S^2 term): Korthikanti et al. 2022's 34 h (/ t with sequence parallelism), written out
     for GQA and a gated MLP. Per block: the norm's input (2 h) and the GEMM input it feeds (one byte
     per element under FP8, Transformer Engine keeps the cast copy), on the sequence shard with SP;
     attention: q, k, v, its output (bf16 for the kernel's backward, plus o_proj's GEMM input) and the
     log-sum-exp; MLP: the up-projections' outputs and the activation's output (down_proj's input).
-    Under full recomputation only the layer input."""
+    Under full recomputation only the layer input. ``fp8_mlp_outputs``: an FP8 run keeps the
+    up-projections' outputs at one byte (FP8 activation storage)."""
     m, p = spec.model, spec.parallel
     seq_split = p.tp if p.sp else 1  # norms and GEMM inputs: split with SP, whole on every TP rank without
     h, f, q, kv = m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -363,7 +366,8 @@ def megatron_activation_bytes_per_token_layer(spec: RunSpec) -> float:
     g = 1.0 if spec.hardware.fp8 != "none" else 2.0  # bytes per element of a saved GEMM input
     mlp_outs = 1 if m.family == "gpt" else 2  # GPT: one up-projection; Llama: gate and up
     attention = (2.0 + g) * h / seq_split + (2.0 * (q + 2 * kv) + (2.0 + g) * q + 4.0 * m.num_heads) / p.tp
-    mlp = (2.0 + g) * h / seq_split + (2.0 * mlp_outs * f + g * f) / p.tp
+    up_bytes = 1.0 if fp8_mlp_outputs and spec.hardware.fp8 != "none" else 2.0
+    mlp = (2.0 + g) * h / seq_split + (up_bytes * mlp_outs * f + g * f) / p.tp
     return attention + mlp
 
 
@@ -440,12 +444,30 @@ def compute_seconds(spec: RunSpec, s: RankShape, gpu: GPU) -> MicroBatchSeconds:
                                                     kernel=spec.hardware.attention) / c \
             * (gpu.cp_attn_slowdown if c > 1 else 1.0)
     else:
-        attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0)
+        attn_eff = gpu.attn_eff / (gpu.cp_attn_slowdown if c > 1 else 1.0) * attention_length_efficiency(gpu, s.S / c)
         t_attn = flops_attn / (peak * attn_eff)
     t_other = gpu.other_s_per_token_layer_h * s.h / t * tokens_mb * s.L_rank
     if tr.compile:
         t_other *= gpu.compile_other_factor
     return MicroBatchSeconds(gemm=t_lin, attention=t_attn, elementwise=t_other)
+
+
+def attention_length_efficiency(gpu: GPU, local_queries: float) -> float:
+    """The share of its long-sequence rate the attention kernel reaches on ``local_queries`` queries
+    (a CP rank's S/c): n / (n + gpu.attn_half_rate_tokens) -- fixed per-kernel costs (tile setup, the
+    causal diagonal's partial tiles, the last wave) weigh more on a short sequence; 1 when unmodelled."""
+    n0 = gpu.attn_half_rate_tokens
+    return local_queries / (local_queries + n0) if n0 > 0 else 1.0
+
+
+def cp_ring_seconds(gpu: GPU, s: RankShape, cp_bytes: float, attention_s: float, gpus_per_node: int) -> float:
+    """Exposed seconds of one micro-batch's context-parallel ring: its KV traffic beyond what the
+    attention hides (a ring moves each chunk rank to rank, so it runs at its slowest hop: NVLink inside
+    the domain, one NIC once the TP x CP group crosses it -- no hierarchical reduction for a ring) plus
+    the fixed cost of its c steps per layer."""
+    hop_bw = group_busbw(gpu, gpus_per_node, s.t * s.c)
+    traffic = max(0.0, cp_bytes / hop_bw - gpu.comm_overlap * attention_s)
+    return traffic + gpu.cp_ring_step_s * s.c * s.L_rank
 
 
 def selective_recompute_seconds(micro: MicroBatchSeconds) -> float:
@@ -506,7 +528,31 @@ def add_tp_cp_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int,
         kv = 2.0 * b * (S / c) * heads * m.head_dim * 2.0 / t
         cp_bytes = 3 * (c - 1) * kv * s.L_rank
         est.comm["cp"] = cp_bytes * s.mb
-        micro.cp = max(0.0, cp_bytes / group_busbw(gpu, gpus_per_node, t * c, c) - gpu.comm_overlap * micro.attention)
+        micro.cp = cp_ring_seconds(gpu, s, cp_bytes, micro.attention, gpus_per_node)
+
+
+def asymmetric_stage_layers(spec: RunSpec) -> float:
+    """Layers of a middle pipeline stage when the embedding and the loss count as a layer each (the
+    layers alone do not split over PP x virtual stages, the layers + 2 do); 0 when that split is not used."""
+    m, p = spec.model, spec.parallel
+    chunks = p.pp * max(1, p.pp_stages_per_rank or 1)
+    if p.pp < 2 or m.num_layers % chunks == 0 or (m.num_layers + 2) % chunks:
+        return 0.0
+    return (m.num_layers + 2) / p.pp
+
+
+def balance_asymmetric_stages(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
+    """Under the asymmetric split (gpu.asymmetric_stages) the slowest stage is a middle one with
+    (L + 2) / PP layers or the last with a layer fewer and the LM head, not L / PP layers and the head:
+    every term of the micro-batch scales by the ratio."""
+    middle = asymmetric_stage_layers(spec) if gpu.asymmetric_stages > 0 else 0.0
+    if middle <= 0:
+        return
+    head = linear_flops_multiplier(spec) * s.V * s.h / s.t * s.tokens_mb / (gpu.peak_flops * gpu.gemm_eff)
+    per_layer = max(0.0, micro.total - head) / s.L_rank
+    scale = max(middle * per_layer, (middle - 1) * per_layer + head) / (s.L_rank * per_layer + head)
+    for name in ("gemm", "attention", "elementwise", "recompute", "offload", "tp", "cp"):
+        setattr(micro, name, getattr(micro, name) * scale)
 
 
 def add_lm_head_recompute_seconds(spec: RunSpec, s: RankShape, gpu: GPU, micro: MicroBatchSeconds) -> None:
@@ -543,7 +589,8 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
         t_bubble = (pp - 1) / (s.v * mb) * t_micro * mb
         pp_bytes = 2 * mb * s.v * s.b * (s.S / c) * s.h * 2.0 / (t if p.sp else 1)
         est.comm["pp"] = pp_bytes
-        t_pp = pp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp)
+        t_pp = pp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard * R * pp) \
+            * (1.0 - gpu.pp_p2p_overlapped * gpu.comm_overlap)  # Megatron's overlap_p2p_comm hides a share
     t_opt = OPTIMIZER_STEP_BYTES[tr.optimizer] * s.psi_train / (t * d) / (gpu.hbm_tbps * 1e12) \
         + OPTIMIZER_SECONDS_PER_TENSOR[tr.optimizer] * trained_tensors(spec) / pp
     return {"fsdp_exposed": t_fsdp, "dp_exposed": t_dp, "pp_bubble": t_bubble, "pp_p2p": t_pp, "optimizer": t_opt,

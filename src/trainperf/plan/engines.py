@@ -39,7 +39,18 @@ FACTORS: dict[str, tuple[str, float, float, float, float]] = {
 # casts into the neighbouring kernels (NeMo / Megatron with Transformer Engine) spends beside the above;
 # it also shards data parallelism as Megatron's distributed optimizer (whose memory accounting and
 # Megatron's saved activations then apply) and rings GQA's KV heads unexpanded
-FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown": 1.0}
+FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown": 1.0,
+                    # Transformer Engine's CP ring, per step per layer, forward + backward: ~25 small kernels
+                    # (chunk selection, the attention pieces, softmax correction, gradient accumulation) and
+                    # their stream waits at ~4 us each -- an estimate from the kernel count, not a measurement
+                    "cp_ring_step_s": 100e-6,
+                    # FlashAttention-style kernels reach about half their long-sequence rate near 256
+                    # queries (a 128-query tile per SM, the causal diagonal, the last wave)
+                    "attn_half_rate_tokens": 256.0,
+                    # Megatron's overlap_p2p_comm; NeMo's FP8 activation storage (its FP8_ACTIVATION)
+                    "pp_p2p_overlapped": 1.0, "fp8_activation_storage": 1.0,
+                    # NeMo's embedding and loss counted as pipeline layers (126 + 2 over PP8 x VP8)
+                    "asymmetric_stages": 1.0}
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
 
@@ -69,7 +80,11 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         tp_comm_exposed=f["tp_exposed"], comm_overlap=f["comm_overlap"], step_overhead_s=f["step_overhead_s"],
         fp8_cast_bytes_eager=FIXED_FOR_FITTED["fp8_cast_bytes"], fp8_cast_bytes_compiled=FIXED_FOR_FITTED["fp8_cast_bytes"],
         cp_attn_slowdown=FIXED_FOR_FITTED["cp_attn_slowdown"], data_parallel="distributed_optimizer",
-        cp_ring_expanded_kv=0.0, pipelined_eval=1.0)
+        cp_ring_expanded_kv=0.0, pipelined_eval=1.0, cp_ring_step_s=FIXED_FOR_FITTED["cp_ring_step_s"],
+        attn_half_rate_tokens=FIXED_FOR_FITTED["attn_half_rate_tokens"],
+        pp_p2p_overlapped=FIXED_FOR_FITTED["pp_p2p_overlapped"],
+        fp8_activation_storage=FIXED_FOR_FITTED["fp8_activation_storage"],
+        asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"])
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
 
 

@@ -87,6 +87,25 @@ class GPU(Datasheet):
     # context parallelism's ring sends K and V expanded to every query head (1: this engine) or the
     # KV heads themselves (0: Transformer Engine)
     cp_ring_expanded_kv: float = 1.0
+    # seconds each step of the context-parallel ring costs per layer beside its attention FLOPs and its
+    # traffic (forward + backward: a chunk's kernels, the softmax correction, the send/receive waits):
+    # c steps per layer, so it grows with CP; 0 for this engine (cp_attn_slowdown and its host constants
+    # carry its ring); Transformer Engine's ring in FIXED_FOR_FITTED (plan/engines.py)
+    cp_ring_step_s: float = 0.0
+    # query length (tokens) at which the attention kernel reaches half its long-sequence rate: each of a
+    # CP rank's kernels sees only its S/c local queries, so a wider ring runs shorter, less efficient
+    # kernels (rate x n / (n + this)); 0: no length dependence (this engine: its kernel tables)
+    attn_half_rate_tokens: float = 0.0
+    # share of the pipeline's point-to-point sends the schedule overlaps with compute (times
+    # comm_overlap): 0 for this engine (blocking sends), 1 for Megatron's overlap_p2p_comm
+    pp_p2p_overlapped: float = 0.0
+    # an FP8 engine that keeps the MLP's up-projection outputs (the gated activation's inputs, the
+    # largest saved tensors) at one byte instead of two (NeMo's FP8_ACTIVATION): 1 on, 0 off
+    fp8_activation_storage: float = 0.0
+    # 1: when the layers do not split evenly over PP x virtual stages, the engine counts the embedding
+    # and the loss as a layer each (NeMo's account_for_embedding/loss_in_pipeline_split), so the middle
+    # stages hold (L + 2) / PP layers and the last one a layer fewer beside the LM head; 0: this engine
+    asymmetric_stages: float = 0.0
     # train.compile (per-layer torch.compile) fuses the eager non-GEMM work: the fraction of it that
     # remains; fitted to the 7B-shape LoRA step on one H200 (2.80 s eager -> 2.17 s compiled) with the
     # flat rates (0.46 with the H200's kernel table, set in its preset).

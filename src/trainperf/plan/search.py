@@ -113,13 +113,16 @@ def option_overrides(base: RunSpec, names: list[str]) -> list[dict]:
 MEGATRON_VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
 
 
-def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None):
-    """The layouts a Megatron-based engine (NeMo) runs: TP (with SP) inside a node, CP and PP together
+def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None,
+                     nvlink_domain: int = 0):
+    """The layouts a Megatron-based engine (NeMo) runs: TP (with SP) inside the NVLink domain (a node,
+    or ``nvlink_domain`` GPUs if fewer: TP's per-layer collectives need NVLink), CP and PP together
     allowed, PP interleaved over virtual stages, data parallelism by its distributed optimizer (no
     replicate/shard split), no activation recomputation (none of NVIDIA's published configs uses it)
     or full recomputation."""
     for gbs in gbs_values or [base.train.global_batch_size]:
-        for tp in (t for t in divisors(gpus) if t <= gpus_per_node):
+        tp_limit = min(gpus_per_node, nvlink_domain) if nvlink_domain > 0 else gpus_per_node
+        for tp in (t for t in divisors(gpus) if t <= tp_limit):
             for cp in divisors(gpus // tp):
                 for pp in divisors(gpus // (tp * cp)):
                     dp = gpus // (tp * cp * pp)
@@ -211,7 +214,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     fixed_samples = samples or (None if gbs_values else rcp_samples(base))
     fits, oom = [], []
     rcp_cache: dict[int, float | None] = {}
-    layouts = megatron_layouts(base, gpus, gpus_per_node, gbs_values) if megatron \
+    layouts = megatron_layouts(base, gpus, gpus_per_node, gbs_values, int(gpu.nvlink_domain)) if megatron \
         else candidate_layouts(base, gpus, gpus_per_node, gbs_values)
     for overrides in (layout | option for layout in layouts for option in options or [{}]):
         spec = _apply(base, overrides)
