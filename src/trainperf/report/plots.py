@@ -50,7 +50,8 @@ def time_to_train_png(workload: str, rows: list[ScalingRow], published: list[tup
         name = f"{engine}{' (imported)' if imported else ''}{' ' + gpu if gpu else ''}"
         ax.plot(n, t, "s--" if imported else "o-", label=f"{name}, best layout per GPU count")
         for g, m in zip(n, t):
-            ax.annotate(best[g].layout, (g, m), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            # an imported series labels below its points, so a layout name never covers this engine's
+            ax.annotate(best[g].layout, (g, m), fontsize=7, xytext=(4, -10 if imported else 4), textcoords="offset points")
         if i == 0 and len(n) > 1:
             ax.plot(n, [t[0] * n[0] / g for g in n], ":", color="grey", label=f"ideal scaling of {name}")
     if published:
