@@ -47,12 +47,13 @@ def rcp_samples_of_round(spec, round_name: str) -> float | None:
     return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
 
 
-def published_rank(point, gpu, megatron_ok=True) -> tuple[int | None, int]:
-    """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them)."""
+def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int]:
+    """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them);
+    ``headroom``: the share of GPU memory a layout must leave free to be ranked (plan's --memory-headroom)."""
     spec = point.spec
     p = spec.parallel
     fits, _ = plan(spec, gpu, p.tp * p.cp * p.pp * p.dp_shard * p.dp_replicate, point.gpus_per_node,
-                   headroom=0.0, megatron=megatron_ok)
+                   headroom=headroom, megatron=megatron_ok)
     want = (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, spec.train.micro_batch_size,
             spec.train.recompute)
     for i, c in enumerate(fits, 1):
@@ -68,6 +69,8 @@ def main() -> int:
     ap.add_argument("published", help="folder of round folders and calibration_points.csv")
     ap.add_argument("--engine", default="nemo")
     ap.add_argument("--no-rank", action="store_true", help="skip the layout search (the slow part)")
+    ap.add_argument("--memory-headroom", type=float, default=0.0,
+                    help="rank only layouts leaving this share of GPU memory free (plan's default: 0.08)")
     args = ap.parse_args()
     root = Path(args.published)
     calib = calibration_scores(root / "calibration_points.csv")
@@ -98,7 +101,7 @@ def main() -> int:
         est = estimate(point.spec, gpu, point.gpus_per_node)
         samples = rcp_samples_of_round(point.spec, rounds[label])
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
-        rank, total = (None, 0) if args.no_rank else published_rank(point, gpu)
+        rank, total = (None, 0) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
         rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",
                      "fit_on": len(fit_on), "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu, "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
