@@ -51,6 +51,17 @@ def test_a_reused_pid_is_not_the_recorded_process():
     assert run_may_be_alive(here | {"host": "elsewhere", "pid": DEAD_PID, "pgid": None})  # cannot be asked
 
 
+def test_a_boot_time_that_moved_a_second_still_names_the_same_process(monkeypatch):
+    """btime is whole seconds and moves with the wall clock: a live launcher must not read as gone."""
+    from trainperf.core import processes
+
+    me = os.getpid()
+    started = process_start_time(me)
+    boot = processes._boot_time()
+    monkeypatch.setattr(processes, "_boot_time", lambda: boot + 1)
+    assert process_alive(me, started) and not process_alive(me, started - 60)
+
+
 def test_the_reaper_spares_a_run_whose_group_lives_and_reaps_a_reused_pid(tmp_path):
     s = Store(tmp_path / "t.db")
     _row(s, "orphans", pid=DEAD_PID)

@@ -10,6 +10,11 @@ from __future__ import annotations
 import os
 
 
+# /proc/stat's btime is whole seconds and moves when the wall clock is stepped or slewed across a
+# second, so one process's start time read twice can differ by a second; a pid is not reused that fast
+START_TIME_TOLERANCE_S = 1.5
+
+
 def pid_namespace() -> str | None:
     """This process's PID namespace ('pid:[4026531836]'), None where /proc has none (not Linux)."""
     try:
@@ -55,7 +60,7 @@ def process_alive(pid: int, started: float | None = None) -> bool:
         if fields[0] == "Z":
             return False
         now_started = process_start_time(pid)
-        return started is None or now_started is None or abs(now_started - started) < 0.05
+        return started is None or now_started is None or abs(now_started - started) < START_TIME_TOLERANCE_S
     if os.path.isdir("/proc/self"):  # /proc exists and has no such pid
         return False
     try:
