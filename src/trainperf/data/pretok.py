@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from trainperf.core.errors import SpecError
-from trainperf.data.text import load_tokenizer, tokenized_pieces
+from trainperf.data.text import json_lines, load_tokenizer, tokenized_pieces
 
 FORMAT = "trainperf-pretok-v1"
 SPLITS = ("train", "validation")
@@ -294,23 +294,15 @@ def _read_txt(f: Path) -> Iterator[_Piece]:
 
 
 def _read_jsonl(f: Path) -> Iterator[_Piece]:
-    with open(f, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{f}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise SpecError(f"{where}: not a JSON object ({exc})") from None
-            key = next((k for k in JSONL_KEYS if isinstance(obj, dict) and k in obj), None)
-            if key is None:
-                raise SpecError(f"{where}: expected a JSON object with one of the keys {list(JSONL_KEYS)}")
-            values = obj[key]
-            if not isinstance(values, list) or not all(_is_int(v) for v in values):
-                raise SpecError(f"{where}: {key!r} must be a list of integer token ids, got {str(values)[:60]}")
-            if values:
-                yield where, 0, _ints(where, values), True
+    for where, obj in json_lines(f):
+        key = next((k for k in JSONL_KEYS if isinstance(obj, dict) and k in obj), None)
+        if key is None:
+            raise SpecError(f"{where}: expected a JSON object with one of the keys {list(JSONL_KEYS)}")
+        values = obj[key]
+        if not isinstance(values, list) or not all(_is_int(v) for v in values):
+            raise SpecError(f"{where}: {key!r} must be a list of integer token ids, got {str(values)[:60]}")
+        if values:
+            yield where, 0, _ints(where, values), True
 
 
 def _read_npy(f: Path) -> Iterator[_Piece]:

@@ -82,20 +82,25 @@ def load_tokenizer(path: str) -> TextTokenizer:
     return _sentencepiece(p) if p.suffix == ".model" else _hf_tokenizer(p)
 
 
-def _texts_jsonl(f: Path, text_key: str) -> Iterator[tuple[str, str]]:
+def json_lines(f: Path) -> Iterator[tuple[str, object]]:
+    """(FILE:LINE, parsed value) of each non-blank line of a .jsonl file; SpecError on one that is not JSON."""
     with open(f, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             where = f"{f}:{lineno}"
             try:
-                obj = json.loads(line)
+                yield where, json.loads(line)
             except ValueError as exc:
                 raise SpecError(f"{where}: not a JSON object ({exc})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
-                raise SpecError(f"{where}: expected a JSON object with a string {text_key!r} field "
-                                "(--text-key names another)")
-            yield where, obj[text_key]
+
+
+def _texts_jsonl(f: Path, text_key: str) -> Iterator[tuple[str, str]]:
+    for where, obj in json_lines(f):
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
+            raise SpecError(f"{where}: expected a JSON object with a string {text_key!r} field "
+                            "(--text-key names another)")
+        yield where, obj[text_key]
 
 
 def _texts_txt(f: Path, per_line: bool) -> Iterator[tuple[str, str]]:
