@@ -393,7 +393,14 @@ def apply_compile(model: nn.Module, backend: str = "inductor") -> None:
 # 6. FSDP2 / HSDP
 
 def fsdp_mesh(mesh: DeviceMesh, p: ParallelSpec) -> DeviceMesh:
-    return mesh[("dp_replicate", "dp_shard_cp")] if p.dp_replicate > 1 else mesh["dp_shard_cp"]
+    # without CP, dp_shard_cp is dp_shard: slice the real dim (torch deprecates slicing a flattened one from the root)
+    shard = "dp_shard_cp" if p.cp > 1 else "dp_shard"
+    return mesh[("dp_replicate", shard)] if p.dp_replicate > 1 else mesh[shard]
+
+
+def data_parallel_rank(mesh: DeviceMesh, p: ParallelSpec) -> int:
+    """This rank's index in the flattened 'dp' dim (replicate-major), read from the root's own dims."""
+    return mesh.get_local_rank("dp_replicate") * p.dp_shard + mesh.get_local_rank("dp_shard")
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None, pipelined: bool) -> None:

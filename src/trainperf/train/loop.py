@@ -48,7 +48,7 @@ from trainperf.mlperf.recipes import eval_samples_logged, hyperparameter_events,
 from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
-from trainperf.parallel.parallelize import build_mesh
+from trainperf.parallel.parallelize import build_mesh, data_parallel_rank
 from trainperf.store.db import Store
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
@@ -393,7 +393,7 @@ class _Run:
         self.trainable = self.engine.trainable
         self.opt = build_optimizer(self.trainable, t)
         self.pp_group = self.mesh["pp"].get_group() if p.pp > 1 else None
-        self.dp, self.dp_rank = data_parallel_size(p), self.mesh["dp"].get_local_rank()
+        self.dp, self.dp_rank = data_parallel_size(p), data_parallel_rank(self.mesh, p)
         untimed_warmup(self.engine, spec, t.untimed_warmup_steps)
         if self.device_type == "cuda":
             torch.cuda.synchronize()
