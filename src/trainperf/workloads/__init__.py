@@ -9,14 +9,17 @@ from typing import Callable
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import RunSpec, did_you_mean
 from trainperf.mlperf import recipes as mlperf
+from trainperf.workloads import mini_specs
 
 
 def _from_mini(name: str) -> Callable:
-    """A function of workloads/mini.py, imported on its first call: mini.py loads torch, which `plan` of
-    an MLPerf workload, `workloads` and `--help` do not need."""
+    """A function of workloads/mini.py, imported on its first call: mini.py loads torch, which `plan`,
+    `workloads` and `--help` do not need (the defaults they read are in mini_specs)."""
 
     def call(*args):
-        from trainperf.workloads import mini  # torch loads with it, only when a mini workload is used
+        from trainperf.workloads import (
+            mini,  # torch loads with it, only when a mini workload is used
+        )
 
         return getattr(mini, name)(*args)
 
@@ -55,18 +58,18 @@ WORKLOADS: dict[str, Workload] = {
                  mlperf.llama31_405b_defaults, _from_mini("prepare_mlperf_pretrain")),
         Workload("mini-pretrain",
                  "Pretrain a 2-layer Llama on Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
-                 _from_mini("mini_pretrain_defaults"), _from_mini("prepare_mini_pretrain")),
+                 mini_specs.mini_pretrain_defaults, _from_mini("prepare_mini_pretrain")),
         Workload("mini-gpt-pretrain",
                  "Pretrain a 2-layer GPT (LayerNorm, GeLU, learned positions, tied padded vocabulary) on Markov-chain "
                  "text to its known optimal loss + 0.10 (CPU-sized, open division)",
-                 _from_mini("mini_gpt_pretrain_defaults"), _from_mini("prepare_mini_pretrain")),
+                 mini_specs.mini_gpt_pretrain_defaults, _from_mini("prepare_mini_pretrain")),
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
-                 _from_mini("mini_lora_defaults"), _from_mini("prepare_mini_lora")),
+                 mini_specs.mini_lora_defaults, _from_mini("prepare_mini_lora")),
         Workload("synthetic-lora",
                  "Throughput probe: LoRA r16 on a random-weight Llama (Llama-2-7B shape, seq 8192 by default), random "
                  "tokens, no reachable target (ends as failed); for tokens/s, MFU and memory per layout",
-                 _from_mini("synthetic_lora_defaults"), _from_mini("prepare_synthetic")),
+                 mini_specs.synthetic_lora_defaults, _from_mini("prepare_synthetic")),
     )
 }
 

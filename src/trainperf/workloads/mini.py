@@ -28,24 +28,29 @@ import torch
 
 from trainperf.core.errors import SpecError
 from trainperf.core.files import atomic_write_dir
-from trainperf.core.spec import (
-    DataSpec,
-    EvalSpec,
-    LoRASpec,
-    MLPerfSpec,
-    ModelSpec,
-    ParallelSpec,
-    RunSpec,
-    TrainSpec,
-)
+from trainperf.core.spec import RunSpec
 from trainperf.data.markov import MarkovSource, prompt_answer_mask
 from trainperf.data.tokens import TokenSplit, load_split, save_split
-from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into, save_hf_checkpoint
+from trainperf.model.checkpoint import (
+    inspect_checkpoint,
+    load_checkpoint_into,
+    save_hf_checkpoint,
+)
 from trainperf.model.llama import LlamaForCausalLM, init_full_tensor
 from trainperf.model.loss import eval_loss_from_parts, per_sequence_loss, train_loss_sum
+from trainperf.workloads.mini_specs import (  # noqa: F401  (defaults and shapes, re-exported for callers)
+    SEQ,
+    VOCAB,
+    llama2_7b_model,
+    mini_gpt_model,
+    mini_gpt_pretrain_defaults,
+    mini_lora_defaults,
+    mini_model,
+    mini_pretrain_defaults,
+    synthetic_lora_defaults,
+)
 
-VOCAB, BRANCHING, SOURCE_SEED = 64, 3, 1
-SEQ = 64
+BRANCHING, SOURCE_SEED = 3, 1
 PRETRAIN_MARGIN = 0.10  # nats above the known optimum
 LORA_MARGIN = 0.10
 LORA_REDRAWN_ROWS = list(range(0, VOCAB, 8))  # 8 tokens whose successors change in source B
@@ -71,19 +76,6 @@ def _locked(name: str):
 def _key(**params) -> str:
     params = {"v": CACHE_VERSION, "vocab": VOCAB, "branching": BRANCHING, "source_seed": SOURCE_SEED, **params}
     return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def mini_model() -> ModelSpec:
-    return ModelSpec(name="mini-llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=176, num_layers=2,
-                     num_heads=4, num_kv_heads=2, max_position_embeddings=256, init_std=0.02)
-
-
-def mini_gpt_model() -> ModelSpec:
-    """A 2-layer GPT whose 64-token vocabulary pads to 96 rows under tp 1 and 2 alike (multiples of
-    48 and 96), so the padded rows exist and every CPU layout shares one reference run."""
-    return ModelSpec(name="mini-gpt", family="gpt", vocab_size=VOCAB, hidden_size=64, intermediate_size=256,
-                     num_layers=2, num_heads=4, num_kv_heads=4, max_position_embeddings=SEQ, init_std=0.02,
-                     make_vocab_size_divisible_by=48)
 
 
 def source_a() -> MarkovSource:
@@ -180,44 +172,6 @@ def base_checkpoint() -> tuple[Path, dict]:
         return dest, json.loads((dest / "trainperf_base.json").read_text())
 
 
-def mini_pretrain_defaults() -> RunSpec:
-    return RunSpec(
-        workload="mini-pretrain",
-        model=mini_model(),
-        lora=LoRASpec(rank=0),
-        parallel=ParallelSpec(),
-        train=TrainSpec(micro_batch_size=8, global_batch_size=16, lr=3e-3, min_lr_ratio=0.1, warmup_steps=10,
-                        weight_decay=0.0, beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0, max_steps=400,
-                        log_every=10, seed=-1),
-        data=DataSpec(seq_len=SEQ, train_samples=4096, eval_samples=64),
-        eval=EvalSpec(every_samples=256, skip_first=1, target=-1.0, batch_size=32),
-        mlperf=MLPerfSpec(benchmark="llama31_8b", division="open", comparable=False),
-    )
-
-
-def mini_gpt_pretrain_defaults() -> RunSpec:
-    """mini-pretrain's Markov source and schedule on the GPT family."""
-    spec = mini_pretrain_defaults()
-    spec.workload, spec.model = "mini-gpt-pretrain", mini_gpt_model()
-    spec.mlperf = MLPerfSpec(benchmark="gpt3", division="open", comparable=False)
-    return spec
-
-
-def mini_lora_defaults() -> RunSpec:
-    return RunSpec(
-        workload="mini-lora",
-        model=mini_model(),
-        lora=LoRASpec(rank=8, alpha=16.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-        parallel=ParallelSpec(),
-        train=TrainSpec(micro_batch_size=8, global_batch_size=16, lr=1e-2, min_lr_ratio=0.0, warmup_steps=0,
-                        weight_decay=1e-4, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip=0.3, max_steps=400,
-                        log_every=10, seed=-1),
-        data=DataSpec(seq_len=SEQ, train_samples=2048, eval_samples=64),
-        eval=EvalSpec(every_samples=256, skip_first=1, target=-1.0, batch_size=32),
-        mlperf=MLPerfSpec(benchmark="llama2_70b_lora", division="open", comparable=False),
-    )
-
-
 def _need_generated_rows(spec: RunSpec) -> None:
     d = spec.data
     if d.train_samples < 1 or d.eval_samples < 1:
@@ -255,23 +209,6 @@ def prepare_mini_lora(spec: RunSpec) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Throughput probes: any model shape, random weights, random tokens, no reachable target.
-
-def llama2_7b_model() -> ModelSpec:
-    return ModelSpec(name="llama2-7b-shape", vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                     num_layers=32, num_heads=32, num_kv_heads=32, max_position_embeddings=8192)
-
-
-def synthetic_lora_defaults() -> RunSpec:
-    return RunSpec(
-        workload="synthetic-lora",
-        model=llama2_7b_model(),
-        lora=LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-        train=TrainSpec(micro_batch_size=1, global_batch_size=4, lr=4e-4, weight_decay=1e-4, grad_clip=0.3,
-                        max_steps=20, log_every=1, seed=-1),
-        data=DataSpec(seq_len=8192, train_samples=80, eval_samples=2),
-        eval=EvalSpec(every_samples=10**9, skip_first=0, target=0.0, batch_size=1),
-        mlperf=MLPerfSpec(benchmark="llama2_70b_lora", division="open", comparable=False),
-    )
 
 
 def random_token_dataset(rows: int, eval_rows: int, seq: int, vocab: int) -> Path:
