@@ -116,3 +116,18 @@ def test_trace_breakdown_of_traced_runs_is_plotted(tmp_path):
     assert t["compute_s"] + t["exposed_comm_s"] + t["idle_s"] == pytest.approx(t["step_s"])
     page = render(runs, {r["run_id"]: store.evals(r["run_id"]) for r in runs})
     assert "Step-time breakdown" in page and len(re.findall(r"<img ", page)) == 3  # time to train x2, breakdown
+
+
+def test_system_section_names_the_node_count_each_run_recorded():
+    import json as _json
+
+    from trainperf.report.html import system_section
+
+    hw = {"device": "cuda", "gpu": "NVIDIA H200", "gpus": 16, "nodes": 2}
+    runs = [{"run_id": "a", "world_size": 16, "host": "n1", "hardware_json": _json.dumps(hw), "software_json": "{}"},
+            {"run_id": "b", "world_size": 8, "host": "n1", "hardware_json": _json.dumps(hw | {"gpus": 8, "nodes": 1}),
+             "software_json": "{}"},
+            {"run_id": "c", "world_size": 4, "host": "n1", "hardware_json": _json.dumps(hw | {"nodes": None}),
+             "software_json": "{}"}]
+    page = system_section(runs, None)
+    assert "4, 8 on 1 node, 16 on 2 nodes" in page  # an older row without a node count: the count alone

@@ -121,8 +121,11 @@ def system_section(runs: list[dict], preflight: dict | None) -> str:
         hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
         device = hw.get("gpu") or (f"CPU {hw.get('cpu') or ''} ({hw.get('cores')} cores)" if hw else "-")
         soft = ", ".join(f"{k} {v}" for k, v in sorted(sw.items()) if v)
-        seen[(device, r.get("host") or "-", soft or "-")].append(str(r["world_size"]))
-    rows = [[dev, host, ", ".join(sorted(set(n), key=int)), soft] for (dev, host, soft), n in sorted(seen.items())]
+        nodes = hw.get("nodes")  # recorded since the node count was; older rows say nothing
+        seen[(device, r.get("host") or "-", soft or "-")].append(
+            (int(r["world_size"]), f"{r['world_size']}" + (f" on {nodes} node{'s' * (nodes != 1)}" if nodes else "")))
+    rows = [[dev, host, ", ".join(label for _, label in sorted(set(n))), soft]
+            for (dev, host, soft), n in sorted(seen.items())]
     out = "<h2>System</h2>" + _table(["device", "host (rank 0)", "GPU / process counts run", "software"], rows)
     if preflight:
         hosts = ", ".join(_json(preflight.get("hosts_json")) or [preflight.get("host") or "-"])

@@ -201,12 +201,13 @@ def software_versions() -> dict:
 
 
 def hardware_info(device_type: str, world: int) -> dict:
+    nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE") or world))  # torchrun and srun set it per node
     if device_type == "cuda":
         name = torch.cuda.get_device_name()
-        return {"device": "cuda", "gpu": name, "gpus": world,
+        return {"device": "cuda", "gpu": name, "gpus": world, "nodes": nodes,
                 "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}
-    return {"device": "cpu", "gpu": None, "processes": world, "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count()}
+    return {"device": "cpu", "gpu": None, "processes": world, "nodes": nodes,
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
 
 
 def resolve_param_dtype(spec: RunSpec, device_type: str):
