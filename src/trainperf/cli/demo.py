@@ -20,14 +20,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
+def _defaults_of(command, argv: list[str]) -> argparse.Namespace:
+    """A command's arguments as its own parser fills them (every option it has gets its default)."""
+    parser = argparse.ArgumentParser(prog=f"trainperf {command.__name__.rsplit('.', 1)[-1]}")
+    command.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 def run(args) -> int:
     import torch
 
-    args.config, args.overrides, args.layout_from_plan = None, [], None
+    run_args = _defaults_of(run_command, ["mini-lora", "--nproc-per-node", str(args.nproc_per_node),
+                                          "--db", args.db, "--out", args.out, *(["--json"] if args.json else [])])
     if not torch.cuda.is_available() or torch.cuda.device_count() < args.nproc_per_node:
-        args.overrides.append("hardware.device=cpu")
-    rc = run_command.run(args, workload="mini-lora")
+        run_args.overrides.append("hardware.device=cpu")
+    rc = run_command.run(run_args)
     if not args.json and rc != EXIT_BAD_INPUT:  # nothing ran: no table under the error
-        report_args = argparse.Namespace(db=args.db, json=False, workload=None, limit=10, html=None)
-        report_command.run(report_args)
+        report_command.run(_defaults_of(report_command, ["--db", args.db, "--limit", "10"]))
     return rc
