@@ -4,10 +4,10 @@ it never outlives the launcher.
 torch-free (a subprocess): the launcher never creates a CUDA context or joins a group. Used by ``run``
 (more than one rank on this machine), sweeps, ``tune``, ``preflight`` and ``trace``.
 
-Ownership: every child is started in its own process group (a new session) with a parent-death signal,
+Ownership: every child is started in its own process group (setsid) with a parent-death signal,
 so a launcher killed outright (SIGKILL: no handler runs) still takes its children with it; torchrun
-starts each rank in a session of its own, so a rank asks for the same signal (``die_with_parent``)
-when torchrun dies. A child that outlives a stop request is killed with its whole group.
+calls setsid for each rank, so a rank asks for the same signal (``die_with_parent``) when torchrun
+dies. A child that outlives a stop request is killed with its whole group.
 """
 
 from __future__ import annotations
@@ -54,16 +54,17 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTER
 
 
 def _owned_child_setup(parent: int):
-    """What runs in the child between fork and exec: the parent-death signal (a new session is
-    Popen's start_new_session)."""
+    """What runs in the child between fork and exec: a process group of its own (setsid, also away from
+    the terminal's signals), then the parent-death signal."""
     def setup() -> None:
+        os.setsid()
         die_with_parent(parent)
     return setup
 
 
 def start_owned(cmd: list[str], env: dict | None = None, stdout=None, stderr=None) -> subprocess.Popen:
     """Start ``cmd`` in a process group of its own (pgid = its pid) that dies with this process."""
-    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, start_new_session=True,
+    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr,
                             preexec_fn=_owned_child_setup(os.getpid()))
 
 
