@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.cli import trainperf_cmd
+from tests.fixtures.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +34,10 @@ LAYOUTS = {
 
 def run_gpt(tmp: Path, nproc: int, overrides: list[str], timeout: int = 300) -> tuple[int, dict]:
     sets = [x for o in overrides for x in ("--set", o)]
-    out = subprocess.run(trainperf_cmd("run", "mini-gpt-pretrain", "--nproc-per-node", str(nproc), "--json", *sets,
-                                       "--db", str(tmp / "t.db"), "--out", str(tmp / "runs")),
-                         cwd=tmp, capture_output=True, text=True, timeout=timeout)
+    out = run_cli("run", "mini-gpt-pretrain", "--nproc-per-node", str(nproc), "--json", *sets,
+                  "--db", str(tmp / "t.db"), "--out", str(tmp / "runs"), cwd=tmp, timeout=timeout)
     summary = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"stderr": out.stderr[-3000:]}
+    summary["warnings"] = [line for line in out.stderr.splitlines() if "Warning:" in line or "]:W" in line]
     if "run_id" in summary:
         with sqlite3.connect(tmp / "t.db") as c:
             summary["losses"] = [r[0] for r in c.execute(
@@ -66,6 +65,7 @@ def test_gpt_layout_matches_single_process(tmp_path, reference, layout):
     nproc, overrides = LAYOUTS[layout]
     rc, run = run_gpt(tmp_path, nproc, COMMON + overrides)
     assert rc == 1 and run["world_size"] == nproc, run
+    assert not run["warnings"], run["warnings"][:4]  # torch warns of nothing our layout code does
     diff = max(abs(a - b) for a, b in zip(run["losses"], reference["losses"]))
     assert len(run["losses"]) == 3 and diff < 1e-4, (layout, run["losses"], reference["losses"])
     assert abs(run["evals"][0]["eval_loss"] - reference["evals"][0]["eval_loss"]) < 1e-4

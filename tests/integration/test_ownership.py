@@ -21,8 +21,10 @@ LONG = ["--set", "hardware.device=cpu", "--set", "train.seed=3", "--set", "eval.
 
 
 def _ranks_of(run_root) -> list[int]:
-    """Pids of the living worker processes whose command line names a run folder under ``run_root``."""
-    pids = []
+    """Pids of the living ranks of the run folders under ``run_root``: processes whose command line
+    names the worker and the folder (ranks torchrun starts as interpreters of their own), or the
+    children of that run's torchrun (ranks forked from it, which share its command line)."""
+    procs = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -30,13 +32,14 @@ def _ranks_of(run_root) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 cmd = fh.read().decode(errors="replace")
             with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+                state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
         except OSError:
             continue
-        if ("trainperf.runner.worker" in cmd and str(run_root) in cmd and "--nproc-per-node" not in cmd
-                and state != "Z"):
-            pids.append(int(entry))
-    return pids
+        if state != "Z" and str(run_root) in cmd:
+            procs[int(entry)] = (int(ppid), cmd)
+    torchruns = {pid for pid, (_, cmd) in procs.items() if "trainperf.parallel.torchrun" in cmd}
+    return [pid for pid, (ppid, cmd) in procs.items()
+            if ppid in torchruns or ("trainperf.runner.worker" in cmd and "--nproc-per-node" not in cmd)]
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -75,7 +78,7 @@ def test_a_killed_launcher_takes_its_ranks_and_the_row_stays_failed(tmp_path, vi
         assert pid == launcher.pid and started is not None and pgid not in (None, os.getpgrp())
         target = launcher.pid if victim == "launcher" else pgid  # torchrun leads the run's process group
         os.kill(target, signal.SIGKILL)
-        _wait_for(lambda: not _ranks_of(runs), 60, "the ranks to end")
+        _wait_for(lambda: all(_gone(pid) for pid in ranks) and not _ranks_of(runs), 60, "the ranks to end")
     finally:
         os.killpg(launcher.pid, signal.SIGKILL) if launcher.poll() is None else None
         launcher.wait()

@@ -278,6 +278,15 @@ def test_the_summary_of_an_abnormal_end_prints_without_a_traceback(tmp_path, cap
     assert "r2" in capsys.readouterr().out
 
 
+def test_a_reason_with_square_brackets_prints_as_written(capsys):
+    from trainperf.cli.run import _print_summary
+
+    reason = "RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed by peer [red]"
+    _print_summary({"run_id": "r3", "status": "failed", "status_reason": reason, "mllog": "/runs/[x]/mllog.txt"})
+    out = capsys.readouterr().out
+    assert reason in out and "/runs/[x]/mllog.txt" in out
+
+
 def test_tune_refuses_nan_and_infinite_numbers(capsys):
     assert cli_main(["tune", "mini-lora", "--gpus", "1", "--budget-minutes", "inf"]) == 2
     assert cli_main(["tune", "mini-lora", "--gpus", "1", "--abandon-factor", "nan"]) == 2

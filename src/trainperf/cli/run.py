@@ -41,19 +41,20 @@ def _interactive() -> bool:
 def _print_summary(summary: dict) -> None:
     """The closing lines of a run, whatever way it ended (a summary of an abnormal end has few keys)."""
     from rich.console import Console
+    from rich.markup import escape  # reasons and paths are data: "[/...]" in an error is not markup
 
     c = Console(stderr=False, soft_wrap=not _interactive())  # a log file keeps each line whole
     ok = summary.get("status") == "success"
     probe = not ok and (summary.get("status_reason") or "").startswith("throughput probe")
     head = ("[green]reached target[/green]" if ok else "[yellow]probe completed[/yellow]" if probe
             else f"[red]{str(summary.get('status') or 'failed').upper()}[/red]")
-    c.print(f"{head} {summary.get('workload', '')} run {summary.get('run_id')}")
+    c.print(f"{head} {escape(str(summary.get('workload', '')))} run {escape(str(summary.get('run_id')))}")
     if ok and summary.get("time_to_train_s") is not None:
         c.print(f"  time to train  {summary['time_to_train_s']:.2f} s  ({summary.get('samples_to_target')} samples, "
                 f"eval loss {summary.get('final_eval_loss') or float('nan'):.4f} <= target "
                 f"{summary.get('target') or float('nan'):.4f})")
     elif not ok:
-        c.print(f"  {summary.get('status_reason') or 'the run ended without a reason recorded'}")
+        c.print(f"  {escape(summary.get('status_reason') or 'the run ended without a reason recorded')}")
     if summary.get("tokens_per_s") and summary.get("tokens_per_s_per_gpu") and summary.get("model_tflops_per_gpu"):
         mfu = summary.get("mfu")
         c.print(f"  throughput     {summary['tokens_per_s']:,.0f} tokens/s ({summary['tokens_per_s_per_gpu']:,.0f} per "
@@ -63,8 +64,8 @@ def _print_summary(summary: dict) -> None:
         c.print(f"  peak memory    {summary['peak_mem_gib']:.2f} GiB")
     if summary.get("layout"):
         where = ", ".join(f"{k} {v}" for k, v in (summary.get("placement") or {}).items())
-        c.print(f"  layout         {summary['layout']} on {summary.get('world_size')} processes" + (f" ({where})" if where else ""))
-    c.print(f"  mllog          {summary.get('mllog')}")
+        c.print(f"  layout         {escape(summary['layout'])} on {summary.get('world_size')} processes" + (f" ({escape(where)})" if where else ""))
+    c.print(f"  mllog          {escape(str(summary.get('mllog')))}")
 
 
 def _apply_plan(args, workload: str) -> None:

@@ -738,6 +738,7 @@ def _fmt_min(v: float | None) -> str:
 
 def print_score(score: Score, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console(width=None if Console().is_terminal else 200)
@@ -748,9 +749,9 @@ def print_score(score: Score, console=None) -> None:
                          ("olympic", "left")):
         table.add_column(col, justify=justify)
     for i, (r, role) in enumerate(zip(score.runs, score.roles)):
-        status = "[green]success[/green]" if r.success else f"[red]{r.failure}[/red]"
+        status = "[green]success[/green]" if r.success else f"[red]{escape(str(r.failure))}[/red]"
         seed = ",".join(str(s) for s in r.seeds) or "-"
-        table.add_row(str(i), r.run_id or r.path, seed, status, _fmt_min(r.minutes),
+        table.add_row(str(i), escape(r.run_id or r.path), seed, status, _fmt_min(r.minutes),
                       "-" if r.samples_to_converge is None else str(r.samples_to_converge), role)
     console.print(table)
     console.print(f"olympic mean   {_fmt_min(score.olympic_mean_minutes)} min")

@@ -433,6 +433,22 @@ def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, de
     atomic_write_dir(Path(dest), write)
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value, gathered one mesh dim at a time, outermost first (FSDP's shards, then
+    TP's: the order they unshard in); a plain tensor as it is. DTensor.full_tensor() of a 2-D sharding
+    tries to merge both gathers into one and warns where their order rules that out."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(t, DTensor):
+        return t
+    placements = list(t.placements)
+    for dim in range(len(placements)):
+        if not placements[dim].is_replicate():
+            placements[dim] = Replicate()
+            t = t.redistribute(t.device_mesh, placements)
+    return t.to_local()
+
+
 def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_only: bool = False) -> dict[str, torch.Tensor]:
     """Full CPU tensors of every parameter (or only the adapters, or only the base). Collective
     under FSDP/TP: call on every rank of the model's mesh, in the same order."""
@@ -450,11 +466,11 @@ def gather_full_state(model: torch.nn.Module, only_adapters: bool = False, base_
 
             if isinstance(param, DTensor):
                 local = dequantize_float8_weight(model, name, param.to_local())
-                t = DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
-                                       stride=param.stride()).full_tensor()
+                t = full_tensor(DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
+                                                   stride=param.stride()))
             else:
                 t = dequantize_float8_weight(model, name, param.detach())
         else:
-            t = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+            t = full_tensor(param.detach())
         out[name] = from_storage(model, name, t.detach()).to("cpu", copy=True)
     return out

@@ -156,7 +156,7 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelSpec, options: ModelOptions):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.options = cfg, options
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         # a dict keyed "0".."N-1" names parameters exactly as a ModuleList would, and lets a pipeline
         # stage drop the layers it does not own without renaming the rest
@@ -167,7 +167,10 @@ class LlamaModel(nn.Module):
         """x: token ids [batch, seq], or hidden states [batch, seq, hidden] on a later pipeline stage.
         positions: [seq] token positions (context parallel shards the sequence out of order)."""
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        cos, sin = rope_cos_sin(self.cfg.max_position_embeddings if positions is not None else x.shape[1],
+        seq_len = x.shape[1]
+        if self.embed_tokens is None and self.options.sequence_parallel:
+            seq_len *= self.options.tp  # a later pipeline stage receives its sequence shard
+        cos, sin = rope_cos_sin(self.cfg.max_position_embeddings if positions is not None else seq_len,
                                 self.cfg.head_dim, self.cfg.rope_theta, h.device, torch.float32)
         if positions is not None:
             cos, sin = cos[positions], sin[positions]

@@ -24,3 +24,6 @@ class ModelOptions:
     # tensor-parallel degree: a fused qkv_proj is stored in the row order that gives each TP rank its
     # own slice of q, k and v (checkpoint.to_storage applies it on load)
     tp: int = 1
+    # sequence parallel: between pipeline stages each TP rank holds 1/tp of the sequence, so a later
+    # stage's RoPE tables are built for the whole sequence, not the shard it receives
+    sequence_parallel: bool = False

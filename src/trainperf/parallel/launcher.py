@@ -5,9 +5,9 @@ torch-free (a subprocess): the launcher never creates a CUDA context or joins a 
 (more than one rank on this machine), sweeps, ``tune``, ``preflight`` and ``trace``.
 
 Ownership: every child is started in its own process group (setsid) with a parent-death signal,
-so a launcher killed outright (SIGKILL: no handler runs) still takes its children with it; torchrun
-calls setsid for each rank, so a rank asks for the same signal (``die_with_parent``) when torchrun
-dies. A child that outlives a stop request is killed with its whole group.
+so a launcher killed outright (SIGKILL: no handler runs) still takes its children with it; a rank
+asks for the same signal (``die_with_parent``) when torchrun dies, whether torchrun forked it
+(parallel/torchrun.py, hosts without CUDA) or started it as an interpreter of its own. A child that outlives a stop request is killed with its whole group.
 """
 
 from __future__ import annotations

@@ -38,12 +38,15 @@ from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
 
 def build_mesh(p: ParallelSpec, device_type: str) -> DeviceMesh:
     """The world as one mesh, plus flattened views: 'dp' (data loading), 'dp_shard_cp' (FSDP shards
-    over data and context ranks alike: both hold the same parameters) and 'dp_cp' (loss scaling)."""
+    over data and context ranks alike: both hold the same parameters), 'dp_cp' (loss scaling) and,
+    under TP, 'dp_shard_cp_tp' (the dims a parameter is sharded over: DTensor finds it by layout)."""
     sizes = Layout.of(p).sizes
     mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
     mesh[("dp_replicate", "dp_shard")]._flatten("dp")
     mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
     mesh[("dp_replicate", "dp_shard", "cp")]._flatten("dp_cp")
+    if p.tp > 1:  # the gradient norm of FSDP x TP parameters: one all-reduce over both dims, not two
+        mesh[("dp_shard", "cp", "tp") if p.cp > 1 else ("dp_shard", "tp")]._flatten("dp_shard_cp_tp")
     return mesh
 
 
@@ -185,6 +188,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     if model.lm_head is not None:
         top["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, top)
+    if model.model.embed_tokens is not None and sequence_parallel:
+        own_output_storage(model.model.embed_tokens)
     for layer in model.model.layers.values():
         attn = layer.self_attn
         plan = {
@@ -205,6 +210,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     # restore every flag so frozen weights stay frozen under LoRA.
     for n, q in model.named_parameters():
         q.requires_grad_(frozen[n])
+
+
+def own_output_storage(module: nn.Module) -> None:
+    """Under SP the embedding returns its sequence shard as a view of the scattered buffer; FSDP2 hooks
+    the backward on that output and warns on a view (an in-place op would drop the hook), so the
+    shard (tokens / TP x hidden: small next to the layers' activations) gets its own storage."""
+    module.register_forward_hook(lambda _module, _args, out: out.clone() if out._is_view() else out)
 
 
 def apply_tp_gpt(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -234,6 +246,8 @@ def apply_tp_gpt(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool)
     if model.output_layer is not None:
         top["output_layer"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, top)
+    if model.embedding is not None and sequence_parallel:
+        own_output_storage(model.embedding)
     if model.embedding is not None and model.output_layer is not None:
         # both styles shard the weight by vocabulary rows (Shard(0)); the output style's new Parameter
         # object is replaced by the embedding's, so the two stay one tensor with one gradient

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainperf.core.results import REPORT_COLUMNS, engine_of
@@ -112,7 +113,8 @@ def print_table(runs: list[dict], console: Console | None = None, wide: bool = F
         table.add_column(headers[i], justify=columns[i][1], no_wrap=True)
     for r, row in zip(runs, cells):
         style = {"success": "green", "failed": "red", "running": "yellow", "hung": "magenta"}.get(r["status"], "")
-        table.add_row(*[f"[{style}]{row[i]}[/{style}]" if headers[i] == "status" and style else row[i] for i in keep])
+        table.add_row(*[f"[{style}]{escape(row[i])}[/{style}]" if headers[i] == "status" and style else escape(row[i])
+                       for i in keep])
     console.print(table)
     if len(keep) < len(headers):
         console.print(f"columns left out to fit {width}: {', '.join(headers[i] for i in range(len(headers)) if i not in keep)} "
@@ -120,7 +122,7 @@ def print_table(runs: list[dict], console: Console | None = None, wide: bool = F
     print_projection(runs, console)
     failed = [r for r in runs if r["status"] == "failed" and r.get("status_reason")]
     for r in failed[:5]:
-        console.print(f"[red]{r['run_id']}[/red]: {r['status_reason']}", soft_wrap=True)
+        console.print(f"[red]{escape(r['run_id'])}[/red]: {escape(r['status_reason'])}", soft_wrap=True)
 
 
 def print_projection(runs: list[dict], console: Console) -> None:

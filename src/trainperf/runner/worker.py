@@ -1,7 +1,8 @@
 """Entry point of each process torchrun starts for ``run``: ``python -m trainperf.runner.worker RUN_DIR``.
 RUN_DIR/launch.json holds the spec, the run id, the store and the launcher's pid; the launcher made the
-run's row. A rank ends when torchrun does (torchrun calls setsid for each rank, so nothing else
-would reach it), and does not start at all if the launcher is already gone."""
+run's row. A rank ends when torchrun does (the parent-death signal: a rank torchrun started
+as an interpreter of its own runs under setsid, out of reach of its group), and does
+not start at all if the launcher is already gone."""
 
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def model_options(spec: RunSpec, device: torch.device, param_dtype) -> ModelOpti
         float8_from = frozen_storage_dtype(spec, param_dtype) or torch.float32
     return ModelOptions(attention=h.attention, lora_kernel=h.lora_kernel, fp8=h.fp8,
                         emulate_fp8=device.type != "cuda", frozen_float8_from=float8_from,
-                        repeat_kv=spec.parallel.cp > 1, tp=spec.parallel.tp)
+                        repeat_kv=spec.parallel.cp > 1, tp=spec.parallel.tp,
+                        sequence_parallel=spec.parallel.sp and spec.parallel.tp > 1)
 
 
 class Engine:
