@@ -22,7 +22,7 @@ TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.trainperf-installed
 STAMP_TEST := $(VENV)/.trainperf-test-installed
 
-.PHONY: demo check test test-slurm setup clean
+.PHONY: demo check test test-long test-slurm setup clean
 
 $(VENV)/bin/python:
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -51,6 +51,9 @@ check: $(STAMP_TEST)
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist worksteal -m "not slurm" tests
+
+test-long: $(STAMP_TEST)
+	TRAINPERF_TEST_LONG=1 $(PY) -m pytest -q -ra -m long tests
 
 test-slurm: $(STAMP_TEST)
 	TRAINPERF_TEST_SLURM=1 $(PY) -m pytest -q -ra -m slurm tests/slurm

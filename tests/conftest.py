@@ -5,7 +5,9 @@ torch.distributed in this process.
 Tiers (one directory each): ``unit`` starts no process; ``integration`` starts processes (the CLI in a
 fresh interpreter, torchrun, multi-process gloo) and is marked ``integration`` here; ``gpu`` is marked
 ``gpu`` and skipped where no CUDA device is visible; ``slurm`` installs and starts a real Slurm cluster
-(it changes the host) and is skipped unless selected with ``-m slurm`` or ``TRAINPERF_TEST_SLURM=1``.
+(it changes the host) and is skipped unless selected with ``-m slurm`` or ``TRAINPERF_TEST_SLURM=1``;
+``long`` (tens of minutes of CPU, e.g. a full-size MLPerf eval set) likewise, with ``-m long`` or
+``TRAINPERF_TEST_LONG=1`` (make test-long).
 Helpers shared between tiers live in ``tests/fixtures``.
 
 Order: modules run longest test first, as ``tests/durations.json`` last measured them (``pytest
@@ -45,9 +47,16 @@ def _tier(item) -> str | None:
     return rel.parts[0] if len(rel.parts) > 1 else None
 
 
-def _slurm_selected(config) -> bool:
+def _opt_in_selected(config, marker: str) -> bool:
     markexpr = config.getoption("markexpr", "") or ""
-    return os.environ.get("TRAINPERF_TEST_SLURM") == "1" or ("slurm" in markexpr and "not slurm" not in markexpr)
+    return (os.environ.get(f"TRAINPERF_TEST_{marker.upper()}") == "1"
+            or (marker in markexpr and f"not {marker}" not in markexpr))
+
+
+OPT_IN = {  # marker: why it is skipped unless selected
+    "slurm": "changes the host (installs and starts Slurm): run with -m slurm or TRAINPERF_TEST_SLURM=1 (make test-slurm)",
+    "long": "tens of minutes of CPU: run with -m long or TRAINPERF_TEST_LONG=1 (make test-long)",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # the tier markers must be on the items before -m selects by them
@@ -57,12 +66,11 @@ def pytest_collection_modifyitems(config, items):
         if marker and item.get_closest_marker(marker) is None:
             item.add_marker(getattr(pytest.mark, marker))
     _longest_first(items)
-    if not _slurm_selected(config):
-        skip = pytest.mark.skip(reason="changes the host (installs and starts Slurm): run with -m slurm "
-                                       "or TRAINPERF_TEST_SLURM=1 (make test-slurm)")
-        for item in items:
-            if item.get_closest_marker("slurm") is not None:
-                item.add_marker(skip)
+    for marker, why in OPT_IN.items():
+        if not _opt_in_selected(config, marker):
+            for item in items:
+                if item.get_closest_marker(marker) is not None:
+                    item.add_marker(pytest.mark.skip(reason=why))
     import torch
 
     if torch.cuda.is_available():
