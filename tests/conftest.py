@@ -6,7 +6,7 @@ Tiers (one directory each): ``unit`` starts no process; ``integration`` starts p
 fresh interpreter, torchrun, multi-process gloo) and is marked ``integration`` here; ``gpu`` is marked
 ``gpu`` and skipped where no CUDA device is visible; ``slurm`` installs and starts a real Slurm cluster
 (it changes the host) and is skipped unless selected with ``-m slurm`` or ``TRAINPERF_TEST_SLURM=1``;
-``long`` (tens of minutes of CPU, e.g. a full-size MLPerf eval set) likewise, with ``-m long`` or
+``long`` (minutes of CPU per test, e.g. a full-size MLPerf eval set) likewise, with ``-m long`` or
 ``TRAINPERF_TEST_LONG=1`` (make test-long).
 Helpers shared between tiers live in ``tests/fixtures``.
 
@@ -55,7 +55,7 @@ def _opt_in_selected(config, marker: str) -> bool:
 
 OPT_IN = {  # marker: why it is skipped unless selected
     "slurm": "changes the host (installs and starts Slurm): run with -m slurm or TRAINPERF_TEST_SLURM=1 (make test-slurm)",
-    "long": "tens of minutes of CPU: run with -m long or TRAINPERF_TEST_LONG=1 (make test-long)",
+    "long": "minutes of CPU per test: run with -m long or TRAINPERF_TEST_LONG=1 (make test-long)",
 }
 
 

@@ -116,6 +116,14 @@ def test_layout_matches_single_process(tmp_path, references, workload, layout):
     assert_same_training(run, references(workload))
 
 
+def test_gradients_reduce_scattered_every_micro_batch_train_the_same(tmp_path, references):
+    """train.grad_sync=every under FSDP with two micro-batches per rank: a reduce-scatter after each."""
+    run = run_three_steps(tmp_path, "mini-pretrain", 2,
+                          ["parallel.dp_shard=2", "train.micro_batch_size=4", "train.grad_sync=every"])
+    assert run["spec"]["train"]["grad_sync"] == "every" and not run["warnings"], run["warnings"][:4]
+    assert_same_training(run, references("mini-pretrain"))
+
+
 def test_fused_qkv_lora_under_tp_sp(tmp_path, references):
     """The MLPerf checkpoint's fused qkv_proj, LoRA on qkv_proj + o_proj, row-sharded over TP."""
     fused = ("model.fused_qkv=true", "lora.target_modules=qkv_proj,o_proj")

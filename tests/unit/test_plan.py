@@ -351,6 +351,30 @@ def test_full_training_holds_unsharded_grads_while_micro_batches_accumulate():
     assert "optimizer_step_transient" not in one.memory
 
 
+def test_grads_reduce_scattered_every_micro_batch_stay_sharded_at_more_traffic():
+    """train.grad_sync=every: the two-micro-batch run holds only its gradient shard, and reduce-scatters
+    twice per step where =last reduce-scatters once."""
+    common = ["lora.rank=0", "data.seq_len=4096", "train.recompute=full", "parallel.dp_shard=2",
+              "train.global_batch_size=4"]
+    last = estimate(spec_for(*common), PRESETS["h200"], 8)
+    every = estimate(spec_for(*common, "train.grad_sync=every"), PRESETS["h200"], 8)
+    assert every.memory["grads_fp32"] == pytest.approx(last.memory["grads_fp32"] / 2)
+    rs = last.memory["grads_fp32"] / 2  # (d - 1) / d of the unsharded fp32 gradient, d = 2
+    assert every.comm["fsdp"] - last.comm["fsdp"] == pytest.approx(rs)  # one more reduce-scatter
+    assert every.reserved_gib < last.reserved_gib and every.step_time_s >= last.step_time_s
+
+
+def test_llama31_405b_fits_80_gb_h100s_by_reduce_scattering_every_micro_batch():
+    """405B on 512 H100s: with whole fp32 gradients held across micro-batches no layout fits (the smallest
+    needs over twice the device); the plan ranks layouts that reduce-scatter every micro-batch."""
+    from trainperf.mlperf.recipes import llama31_405b_defaults
+
+    fits, oom = plan(llama31_405b_defaults(1152), load_gpu("h100"), 512, 8)
+    assert fits and all(c.est.reserved_gib <= 80 for c in fits[:10])
+    assert fits[0].spec.train.grad_sync == "every" and fits[0].spec.parallel.pp == 1
+    assert all(c.spec.train.grad_sync == "last" for c in oom if c.spec.parallel.pp > 1)
+
+
 def test_attention_pads_odd_head_dims_and_compile_shrinks_elementwise():
     import dataclasses
 

@@ -329,11 +329,13 @@ def _layout_fields(c) -> dict:
 
 
 def _options_cell(c) -> str:
-    """The speed settings of a layout: compile, fp8, an fp8 frozen base, flash4 ('-' for none)."""
+    """The speed settings of a layout: compile, fp8, an fp8 frozen base, flash4, gradients reduce-scattered
+    every micro-batch ('-' for none)."""
     sp = c.spec
     cells = (["compile"] if sp.train.compile else []) + ([sp.hardware.fp8] if sp.hardware.fp8 != "none" else []) \
         + (["fp8 base"] if sp.hardware.frozen_dtype == "fp8" else []) \
-        + ([sp.hardware.attention] if sp.hardware.attention != "sdpa" else [])
+        + ([sp.hardware.attention] if sp.hardware.attention != "sdpa" else []) \
+        + (["sync/mb"] if sp.train.grad_sync == "every" else [])
     return " ".join(cells) or "-"
 
 

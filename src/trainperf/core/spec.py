@@ -87,6 +87,10 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # adamw8bit = torchao's AdamW8bit, both moments quantised to 8 bits in blocks of 256 with an fp32 scale
 # each (~2 B per parameter): the memory that lets Llama-3-8B pretraining fit one H200
 OPTIMIZERS = ("adamw", "adamw8bit")
+# train.grad_sync: when FSDP2 reduce-scatters the gradients of a step's micro-batches. last: once, after
+# the last (the others accumulate the full local gradient unsharded, in fp32: 4 B per trained parameter
+# / tp); every: after each (gradients stay sharded, at one reduce-scatter per micro-batch)
+GRAD_SYNC_MODES = ("last", "every")
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 FP8_RECIPES = ("none", "tensorwise", "rowwise")  # hardware.fp8: torchao float8 recipes
 ATTENTION_KERNELS = ("sdpa", "flash4")
@@ -120,6 +124,7 @@ class TrainSpec:
     # offload_layers + recompute_layers layers, which recompute_layers' recomputed ones fill out
     # (layer_memory_modes, below); PCIe bounds what it hides (docs/PERFORMANCE.md)
     offload_layers: int = 0
+    grad_sync: str = "last"  # GRAD_SYNC_MODES, above
     seed: int = 1234
     log_every: int = 10
     compile: bool = False

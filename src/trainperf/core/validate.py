@@ -22,6 +22,7 @@ from trainperf.core.layout import (
 from trainperf.core.spec import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
+    GRAD_SYNC_MODES,
     LORA_KERNELS,
     MODEL_FAMILIES,
     OPTIMIZERS,
@@ -70,6 +71,9 @@ def validate_layout(spec: RunSpec, cuda: bool) -> None:
             raise SpecError(f"train.compile=true with parallel.cp={p.cp} fails in torch 2.11: the compiled layer's "
                             "backward sends ring attention's cuDNN backward to the CPU kernel table (seen on "
                             "2 x H200, with and without recompute); use train.compile=false or parallel.cp=1")
+    if p.pp > 1 and t.grad_sync == "every":
+        raise SpecError("train.grad_sync=every needs parallel.pp=1: the pipeline schedule reduce-scatters "
+                        "on each stage's last micro-batch itself; valid with pp > 1: train.grad_sync=last")
     if p.pp > 1:
         vstages = Layout.of(p).stages_per_rank
         if p.pp_schedule == "Interleaved1F1B" and vstages < 2:
@@ -160,6 +164,7 @@ def check_choices(spec: RunSpec) -> None:
             ("train.recompute", t.recompute, RECOMPUTE_MODES),
             ("train.recompute_others", t.recompute_others, ("none", "selective")),
             ("train.optimizer", t.optimizer, OPTIMIZERS),
+            ("train.grad_sync", t.grad_sync, GRAD_SYNC_MODES),
             ("hardware.device", h.device, ("auto", "cpu", "cuda")),
             ("hardware.dtype", h.dtype, ("auto", "fp32", "bf16")),
             ("hardware.frozen_dtype", h.frozen_dtype, ("auto", "fp32", "bf16", "fp8")),

@@ -318,7 +318,9 @@ def weight_memory(spec: RunSpec, s: RankShape) -> dict[str, float]:
     # gradient, up-cast to the fp32 reduce dtype (FSDPParam.to_accumulated_grad_if_needed), until the
     # last micro-batch reduce-scatters it: with more than one micro-batch the backward holds the full
     # local (TP-sharded) set, not the FSDP shard. Measured: 8B pretraining, 7B full training, FSDP2 x 2.
-    memory["grads_fp32"] = 4.0 * s.psi_train / (t if s.mb > 1 else t * d)
+    # train.grad_sync=every reduce-scatters after each micro-batch: only the shard stays.
+    whole = s.mb > 1 and tr.grad_sync == "last"
+    memory["grads_fp32"] = 4.0 * s.psi_train / (t if whole else t * d)
     memory["grads_bf16_unsharded"] = 0.0 if lo.enabled else 2.0 * 2 * s.p_layer / t
     memory["optimizer_states"] = OPTIMIZER_STATE_BYTES[tr.optimizer] * s.psi_train / (t * d)
     return memory
@@ -572,10 +574,11 @@ def step_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, t_mi
     t_fsdp = 0.0
     if d > 1 and gpu.data_parallel == "distributed_optimizer":
         t_fsdp = distributed_optimizer_seconds(spec, s, gpu, gpus_per_node, t_micro, est)
-    elif d > 1:  # per micro-batch: all-gather forward + backward of bf16 params, reduce-scatter grads
+    elif d > 1:  # per micro-batch: all-gather forward + backward of bf16 params; fp32 grads reduce-scattered
+        # after the last micro-batch (train.grad_sync=last) or after each (every)
         gather = 2 * (d - 1) / d * 2.0 * (s.L_rank * s.p_layer + s.p_edge) / t
         rs = (d - 1) / d * 4.0 * s.psi_train / t
-        fsdp_bytes = (gather + rs) * mb
+        fsdp_bytes = gather * mb + rs * (mb if tr.grad_sync == "every" else 1)
         est.comm["fsdp"] = fsdp_bytes
         t_fsdp = max(0.0, fsdp_bytes / group_busbw(gpu, gpus_per_node, t * c * p.dp_shard, d) - gpu.comm_overlap * t_micro * mb)
     t_dp = 0.0

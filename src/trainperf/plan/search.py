@@ -226,6 +226,8 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
         except SpecError:
             continue
         est = estimate(spec, gpu, gpus_per_node)
+        if not megatron and not fits_within(est, gpu, headroom):
+            overrides, spec, est = _sharded_gradients(base, overrides, spec, est, gpu, gpus_per_node)
         variants = [] if megatron else _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom)
         for overrides, spec, est in [(overrides, spec, est), *variants]:
             _rank_one(overrides, spec, est, fits_within(est, gpu, headroom), fits, oom, fixed_samples, gbs_values,
@@ -316,6 +318,18 @@ def _rank_one(overrides, spec, est, ok, fits, oom, fixed_samples, gbs_values, rc
     if n:
         cand.time_to_train_s = time_to_train(spec, est, n)
     (fits if ok else oom).append(cand)
+
+
+def _sharded_gradients(base, overrides, spec, est, gpu, gpus_per_node):
+    """A layout over the memory because its micro-batches hold whole fp32 gradients (train.grad_sync=last):
+    the same with a reduce-scatter after every micro-batch, when the engine allows it (pp=1) and it
+    needs less memory; the layout as it is otherwise."""
+    if spec.train.grad_sync != "last" or spec.parallel.pp > 1 or spec.lora.enabled:
+        return overrides, spec, est
+    o = overrides | {"train.grad_sync": "every"}
+    every = _apply(base, o)
+    every_est = estimate(every, gpu, gpus_per_node)
+    return (o, every, every_est) if every_est.reserved_gib < est.reserved_gib else (overrides, spec, est)
 
 
 def _partial_recompute(base, overrides, spec, est, gpu, gpus_per_node, headroom: float = 0.0) -> list:

@@ -162,7 +162,7 @@ class Engine:
         for i, (ids, mask) in enumerate(micro_batches):
             ids, labels, label_mask, positions = self._inputs(ids, mask)
             if self._gradient_sync is not None:
-                self._gradient_sync(i == len(micro_batches) - 1)
+                self._gradient_sync(i == len(micro_batches) - 1 or self.spec.train.grad_sync == "every")
             with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
                 pos = positions if self.spec.parallel.cp > 1 else None
                 chunk = self.spec.train.loss_chunk_tokens
