@@ -47,7 +47,7 @@ demo: $(STAMP)
 	$(VENV)/bin/trainperf demo
 
 check: $(STAMP_TEST)
-	$(PY) -m pytest -q -ra -m "not slow" tests/unit
+	$(PY) -m pytest -q -ra -n 2 -m "not slow" tests/unit
 
 test: $(STAMP_TEST)
 	$(PY) -m pytest -q -ra --durations=15 -n 2 --dist worksteal -m "not slurm" tests

@@ -364,6 +364,7 @@ def test_grads_reduce_scattered_every_micro_batch_stay_sharded_at_more_traffic()
     assert every.reserved_gib < last.reserved_gib and every.step_time_s >= last.step_time_s
 
 
+@pytest.mark.slow  # the whole 512-GPU search: seconds
 def test_llama31_405b_fits_80_gb_h100s_by_reduce_scattering_every_micro_batch():
     """405B on 512 H100s: with whole fp32 gradients held across micro-batches no layout fits (the smallest
     needs over twice the device); the plan ranks layouts that reduce-scatter every micro-batch."""
