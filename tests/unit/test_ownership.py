@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,16 @@ def test_a_read_only_store_is_called_read_only(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match="is read-only here"):
         Store(tmp_path / "t.db")
     assert (tmp_path / "t.db").exists()  # an existing store is never removed
+
+
+def test_ranks_are_forked_only_for_an_importable_module_file():
+    from trainperf.parallel.torchrun import forked_ranks_argv
+
+    head = ["--standalone", "--nproc-per-node=2"]
+    argv = forked_ranks_argv([*head, "-m", "trainperf.runner.worker", "RUN_DIR"])
+    assert argv[:2] == head and argv[2:5] == ["--run-path", "--start-method", "fork"]
+    assert argv[5].endswith("trainperf/runner/worker.py") and argv[6:] == ["RUN_DIR"]
+    assert "trainperf.runner.worker" in sys.modules  # imported once, before any rank forks
+    for kept in ([*head, "script.py", "x"], [*head, "-m", "trainperf_no_such_module", "x"],
+                 [*head, "-m", "json", "x"]):  # no -m; a module that does not import; a package (not a file)
+        assert forked_ranks_argv(kept) == kept

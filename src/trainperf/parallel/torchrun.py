@@ -24,15 +24,18 @@ from torch.distributed.run import main as torchrun_main
 def forked_ranks_argv(argv: list[str]) -> list[str]:
     """``argv`` with ``-m MODULE`` replaced by the module's file under ``--run-path --start-method fork``,
     the module imported first (so every rank forks with it, and what it imports, loaded); ``argv`` as it
-    is when there is no ``-m`` or the module is not a plain file."""
+    is when there is no ``-m``, the module is a package or not a plain file, or it does not import."""
     if "-m" not in argv:
         return argv
     i = argv.index("-m")
     module = argv[i + 1]
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.submodule_search_locations is not None or not (spec.origin or "").endswith(".py"):
+            return argv
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001  each rank then starts it itself and reports what fails, as torchrun's ranks do
         return argv
-    importlib.import_module(module)
     return [*argv[:i], "--run-path", "--start-method", "fork", spec.origin, *argv[i + 2:]]
 
 
