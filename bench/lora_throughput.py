@@ -41,10 +41,12 @@ SHAPES = {  # Llama-2 shapes (vocab 32000)
     "13b": dict(hidden_size=5120, intermediate_size=13824, num_layers=40, num_heads=40, num_kv_heads=40),
 }
 LORA = LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-# the Hugging Face-based peers: name -> (Liger kernels, torch.compile per decoder layer). Liger patches
-# transformers' Llama module globally (RoPE), so its sides run after the plain ones (hf_sides orders them).
-HF_SIDES = {"hf_peft": (False, False), "hf_peft_compiled": (False, True),
-            "hf_peft_liger": (True, False), "hf_peft_liger_compiled": (True, True)}
+# the Hugging Face-based peers: name -> (Liger kernels, torch.compile per decoder layer, torchao float8
+# base GEMMs). Liger patches transformers' Llama module globally (RoPE), so its sides run after the
+# plain ones (hf_sides orders them).
+HF_SIDES = {"hf_peft": (False, False, False), "hf_peft_compiled": (False, True, False),
+            "hf_peft_fp8_compiled": (False, True, True),
+            "hf_peft_liger": (True, False, False), "hf_peft_liger_compiled": (True, True, False)}
 
 
 def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
@@ -133,6 +135,21 @@ def apply_liger(model) -> None:
                                 cross_entropy=False, model=model)
 
 
+def float8_base_linears(model) -> int:
+    """torchao's float8 training (tensorwise, as trainperf's hardware.fp8=tensorwise) on every Linear of
+    the decoder layers but PEFT's adapters: the frozen base projections under LoRA and the MLP. torchao's
+    Float8Linear computes the frozen weights' gradients too (it has no frozen-weight path). Returns how
+    many Linears it swapped."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    def is_base(module, fqn: str) -> bool:
+        return ".layers." in f".{fqn}" and "lora_" not in fqn and isinstance(module, torch.nn.Linear)
+
+    before = sum(1 for n, m in model.named_modules() if is_base(m, n))
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"), module_filter_fn=is_base)
+    return before
+
+
 def compile_decoder_layers(model) -> int:
     """torch.compile each decoder layer (as train.compile=true does ours); returns how many."""
     layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
@@ -142,9 +159,10 @@ def compile_decoder_layers(model) -> int:
 
 
 def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                  liger: bool = False, hf_compile: bool = False, **_) -> dict:
+                  liger: bool = False, hf_compile: bool = False, hf_fp8: bool = False, **_) -> dict:
     """HF transformers + PEFT as users run it; with ``liger`` Liger's kernels (the loss through
-    HF's labels path, the fused linear cross-entropy), with ``hf_compile`` each decoder layer compiled."""
+    HF's labels path, the fused linear cross-entropy), with ``hf_fp8`` torchao's float8 GEMMs for the
+    decoder's base Linears, with ``hf_compile`` each decoder layer compiled."""
     from peft import LoraConfig, get_peft_model
 
     model = hf_llama(model_spec, seq)
@@ -155,6 +173,8 @@ def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: st
         model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                              target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if hf_fp8:
+        float8_base_linears(model)
     if hf_compile:
         compile_decoder_layers(model)
     model.train()
@@ -174,7 +194,8 @@ def hf_sides(names: str, common: dict) -> list:
     if unknown:
         raise ValueError(f"--hf-sides {','.join(unknown)}: unknown; valid: {','.join(HF_SIDES)}")
     picked.sort(key=lambda n: HF_SIDES[n][0])  # stable: plain sides first, then Liger's
-    return [(n, bench_hf_peft, dict(common, liger=HF_SIDES[n][0], hf_compile=HF_SIDES[n][1])) for n in picked]
+    return [(n, bench_hf_peft, dict(common, liger=HF_SIDES[n][0], hf_compile=HF_SIDES[n][1], hf_fp8=HF_SIDES[n][2]))
+            for n in picked]
 
 
 def reporting_errors(fn):

@@ -126,7 +126,10 @@ def test_our_first_side_meets_every_peer_and_the_fastest(monkeypatch, capsys):
 def test_liger_sides_run_after_the_plain_ones_and_unknown_sides_are_refused():
     sides = lora_throughput.hf_sides("hf_peft_liger,hf_peft_compiled,hf_peft", {"recompute": "none"})
     assert [n for n, _, _ in sides] == ["hf_peft_compiled", "hf_peft", "hf_peft_liger"]
-    assert [(kw["liger"], kw["hf_compile"]) for _, _, kw in sides] == [(False, True), (False, False), (True, False)]
+    assert [(kw["liger"], kw["hf_compile"], kw["hf_fp8"]) for _, _, kw in sides] == [
+        (False, True, False), (False, False, False), (True, False, False)]
+    (fp8,) = lora_throughput.hf_sides("hf_peft_fp8_compiled", {})
+    assert (fp8[2]["hf_fp8"], fp8[2]["hf_compile"], fp8[2]["liger"]) == (True, True, False)
     with pytest.raises(ValueError, match="valid: hf_peft,"):
         lora_throughput.hf_sides("hf_peft,hf_fast", {})
 
@@ -144,6 +147,26 @@ def test_each_hf_decoder_layer_is_compiled_inside_peft():
     assert lora_throughput.compile_decoder_layers(model) == 3
     layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
     assert all(layer._compiled_call_impl is not None for layer in layers)
+
+
+def test_the_fp8_hf_side_swaps_every_decoder_base_linear_and_no_adapter():
+    """hf_peft_fp8_compiled: torchao's Float8Linear for q/k/v/o's frozen base and the MLP of each layer;
+    PEFT's lora_A / lora_B and the LM head stay as they are."""
+    from peft import LoraConfig, get_peft_model
+    from torchao.float8.float8_linear import Float8Linear
+
+    from trainperf.core.spec import ModelSpec
+
+    spec = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                     num_kv_heads=2, max_position_embeddings=64)
+    model = get_peft_model(lora_throughput.hf_llama(spec, 64, "cpu"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      task_type="CAUSAL_LM"))
+    assert lora_throughput.float8_base_linears(model) == 2 * 7  # 4 attention bases + 3 MLP per layer
+    swapped = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert len(swapped) == 14 and all(n.endswith(("base_layer", "_proj")) for n in swapped)
+    assert not any("lora_" in n or "lm_head" in n for n in swapped)
+    assert not any(m.weight.requires_grad for n, m in model.named_modules() if n in swapped)  # still frozen
 
 
 def test_the_70b_bench_plans_again_with_more_headroom_when_a_run_dies(monkeypatch, tmp_path):
