@@ -6,11 +6,13 @@ MFU (LoRA-aware FLOPs, trainperf.core.flops) and peak memory for every side, and
 ``--attention sdpa,flash4`` runs our side once per attention kernel, each against the same HF figure;
 ``--lora-kernel torch,fused`` once per LoRA input-side kernel (with both: every pair, attention outer).
 ``--hf-sides`` picks the Hugging Face-based peers (HF_SIDES): plain, torch.compile'd per decoder layer,
-and with Liger kernels (fused linear cross-entropy, RMSNorm, SwiGLU, RoPE), eager and compiled; our
-first side is put against each of them and against the fastest.
+compiled with torchao's float8 GEMMs for the decoder's base Linears, and with Liger kernels (fused
+linear cross-entropy, RMSNorm, SwiGLU, RoPE), eager and compiled; our first side is put against each
+of them and against the fastest.
 
     python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
     python bench/lora_throughput.py --compile --hf-sides hf_peft,hf_peft_compiled,hf_peft_liger,hf_peft_liger_compiled
+    python bench/lora_throughput.py --compile --fp8 tensorwise --hf-sides hf_peft,hf_peft_compiled,hf_peft_fp8_compiled
     python bench/lora_throughput.py --check-liger   # Liger's kernels against plain HF on a tiny model, seconds
 """
 
