@@ -93,7 +93,8 @@ def measure(loss_of, trainable: list, clip, vocab: int, seq: int, steps: int, wa
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                    compile_layers=False, fp8: str = "none", attention: str = "sdpa", lora_kernel: str = "torch") -> dict:
+                    compile_layers=False, fp8: str = "none", attention: str = "sdpa", lora_kernel: str = "torch",
+                    frozen_dtype: str = "auto") -> dict:
     from trainperf.parallel.parallelize import build_mesh
     from trainperf.train.engine import Engine
     from trainperf.train.loop import clip_gradients, resolve_param_dtype
@@ -104,6 +105,7 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
                                    compile=compile_layers))
     spec.parallel.dp_shard = 1
     spec.hardware.fp8 = fp8
+    spec.hardware.frozen_dtype = frozen_dtype
     spec.hardware.attention = attention
     spec.hardware.lora_kernel = lora_kernel
     init_distributed("cuda")
@@ -328,7 +330,11 @@ def main() -> int:
     ap.add_argument("--check-liger", action="store_true",
                     help="only check that Liger's kernels import and match plain HF on a tiny model, then exit")
     ap.add_argument("--compile", action="store_true", help="trainperf with train.compile=true (HF is compiled only in the *_compiled sides)")
-    ap.add_argument("--fp8", default="none", help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16")
+    ap.add_argument("--fp8", default="none",
+                    help="trainperf's hardware.fp8 (tensorwise, rowwise); HF stays bf16 but in hf_peft_fp8_compiled")
+    ap.add_argument("--frozen-dtype", default="auto",
+                    help="trainperf's hardware.frozen_dtype: auto, or fp8 (with --fp8: the frozen base stored in "
+                         "float8 once, where the dynamic recipe casts it every step to the same values)")
     ap.add_argument("--attention", default="sdpa",
                     help="trainperf's hardware.attention: sdpa, flash4 (FlashAttention-4's CuTe-DSL kernels), or "
                          "sdpa,flash4 for both, one after the other in this process; HF stays SDPA")
@@ -353,7 +359,7 @@ def main() -> int:
     model_spec = ModelSpec(vocab_size=32000, max_position_embeddings=max(args.seq, 4096), **SHAPES[args.shape])
     flops_tok = metrics.train_flops_per_token(model_spec, lora, args.seq)
     common = dict(model_spec=model_spec, lora=lora, seq=args.seq, recompute=args.recompute, steps=args.steps,
-                  warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8)
+                  warmup=args.warmup, compile_layers=args.compile, fp8=args.fp8, frozen_dtype=args.frozen_dtype)
     pairs = [(attention, lora_kernel) for attention in args.attention.split(",")
              for lora_kernel in args.lora_kernel.split(",")]
     sides = []
