@@ -61,10 +61,10 @@ def run_grid(kind: str, grid, gpus: list[str], out: Path, extra: list[str], dead
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
             cores = cpu_share(gpus.index(gpu), len(gpus))
             # the cell's output goes to a file (a pipe read only at the end would block a chatty cell), in
-            # a process session of its own so that a kill takes its compile workers too
+            # a process group of its own (setsid) so that a kill takes its compile workers too
             log = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True, preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores))
+                                    preexec_fn=lambda cores=cores: (os.setsid(), os.sched_setaffinity(0, cores)))
             running[gpu] = (proc, log, (shape, seq, recompute), time.monotonic() + min(cell_timeout_s, left))
         time.sleep(1)
         for gpu, (proc, log, cell, until) in list(running.items()):
