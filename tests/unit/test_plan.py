@@ -321,6 +321,17 @@ def test_rcp_samples_follow_the_rcp_checker_including_interpolation():
     assert rcp_samples(spec) is None  # open runs have no RCP to converge to
 
 
+def test_gpt3_is_planned_with_its_last_rulesets_rcps_in_sequences():
+    """gpt3's RCPs are 4.1.0's (it left the rules after v4.1) and count tokens: samples = tokens / 2048."""
+    from trainperf.mlperf.recipes import RECIPES
+    from trainperf.plan.search import rcp_batch_sizes, rcp_samples
+
+    spec = RECIPES["gpt3"]()
+    spec.train.global_batch_size = 2048
+    assert rcp_samples(spec) == pytest.approx(1_177_760_563.2 / 2048)  # gpt3_ref_2048's mean, in sequences
+    assert rcp_batch_sizes(spec)[:2] == [1536, 2048]
+
+
 def test_time_to_train_counts_the_evals_on_the_way():
     from trainperf.plan.search import time_to_train
     from trainperf.core.layout import resolve_layout

@@ -265,6 +265,9 @@ EVAL_ROWS = {"llama2_70b_lora": LORA_EVAL_ROWS, "llama31_8b": PRETRAIN_EVAL_ROWS
              "gpt3": GPT3_EVAL_ROWS, "llama31_405b": LLAMA405_EVAL_ROWS}
 # what the RCPs count a run's progress in (epoch_num of eval_accuracy for gpt3: tokens)
 RCP_UNIT = {"gpt3": "tokens", "llama31_405b": "samples", "llama31_8b": "samples", "llama2_70b_lora": "samples"}
+# the ruleset whose RCPs a benchmark is planned with, where it is not the current one: gpt3 left the
+# training rules after v4.1, and its RCPs with it
+RCP_RULESET = {"gpt3": "4.1.0"}
 
 
 def init_checkpoint_step(spec: RunSpec) -> int:

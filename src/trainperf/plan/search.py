@@ -10,8 +10,8 @@ from trainperf.core.errors import SpecError
 from trainperf.core.layout import data_parallel_size, layers_per_stage
 from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, eval_interval_samples, eval_skip_count
 from trainperf.core.validate import validate_layout
-from trainperf.mlperf.recipes import EVAL_ROWS
-from trainperf.mlperf.score import rcp_global_batch_sizes, rcp_reference_samples
+from trainperf.mlperf.recipes import EVAL_ROWS, RCP_RULESET, RCP_UNIT
+from trainperf.mlperf.score import DEFAULT_RULESET, rcp_global_batch_sizes, rcp_reference_samples
 from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
 
@@ -165,11 +165,15 @@ def _apply(base: RunSpec, overrides: dict) -> RunSpec:
 def rcp_samples(spec: RunSpec) -> float | None:
     """Samples to converge at this GBS as MLPerf's RCP checker sees them: the olympic mean of the
     reference convergence points, interpolated between two RCPs where the GBS has none (training
-    6.0.0 rules, pruned RCPs); None for workloads without RCPs."""
-    if not spec.mlperf.benchmark or not spec.mlperf.comparable:
+    6.0.0 rules, pruned RCPs; gpt3 under its last ruleset, 4.1.0, its token counts in sequences); None
+    for workloads without RCPs."""
+    benchmark = spec.mlperf.benchmark
+    if not benchmark or not spec.mlperf.comparable:
         return None
-    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size)
-    return found[0] if found else None
+    found = rcp_reference_samples(benchmark, spec.train.global_batch_size, RCP_RULESET.get(benchmark, DEFAULT_RULESET))
+    if not found:
+        return None
+    return found[0] / spec.data.seq_len if RCP_UNIT.get(benchmark) == "tokens" else found[0]
 
 
 def time_to_train(spec: RunSpec, est, samples: float) -> float:
@@ -184,7 +188,7 @@ def time_to_train(spec: RunSpec, est, samples: float) -> float:
 
 def rcp_batch_sizes(spec: RunSpec) -> list[int]:
     """The GBS values the benchmark's RCPs cover, so a GBS search has samples to converge for."""
-    return rcp_global_batch_sizes(spec.mlperf.benchmark)
+    return rcp_global_batch_sizes(spec.mlperf.benchmark, RCP_RULESET.get(spec.mlperf.benchmark, DEFAULT_RULESET))
 
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
