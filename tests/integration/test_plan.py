@@ -21,6 +21,7 @@ def test_plan_cli_json_and_1024_gpus_in_seconds(tmp_path):
     data = json.loads(out.stdout)
     assert data["gpus_per_node"] == 8 and len(data["ranked"]) == 3 and data["fitting"] > 0
     assert data["ranked"][0]["id"].endswith(":P1") and len(data["explain"]) == 2
+    assert data["ranked"][0]["layout"]["grad_sync"] == "last"  # LoRA's few trained weights: nothing to shard
     assert wall < 30
     bad = subprocess.run(trainperf_cmd("plan", "synthetic-lora", "--gpus", "2", "--gpu", "nope"), cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)

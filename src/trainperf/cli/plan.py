@@ -325,7 +325,7 @@ def _layout_fields(c) -> dict:
             "global_batch_size": tr.global_batch_size, "micro_batch_size": tr.micro_batch_size,
             "recompute": tr.recompute, "recompute_layers": tr.recompute_layers, "offload_layers": tr.offload_layers,
             "fp8": hw.fp8, "compile": tr.compile, "frozen_dtype": hw.frozen_dtype, "attention": hw.attention,
-            "seq_len": sp.data.seq_len}
+            "grad_sync": tr.grad_sync, "seq_len": sp.data.seq_len}
 
 
 def _options_cell(c) -> str:
