@@ -5,11 +5,11 @@ In-process; the published folders are read where the checkout has them (../share
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.published import H200_RUN, PUBLISHED, one_h200_submission
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import config_layout, read_config_script, read_submissions
 from trainperf.mlperf.recipes import llama2_70b_lora_defaults, llama31_8b_defaults, llama31_405b_defaults
@@ -27,30 +27,12 @@ from trainperf.plan.hardware import PRESETS
 from trainperf.plan.search import megatron_layout_ok, nearest_valid_counts, plan, valid_batch_sizes
 from trainperf.store.db import Store
 
-PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "published"
-H200_RUN = "v4.1/NVIDIA"
 needs_published = pytest.mark.skipif(not (PUBLISHED / H200_RUN).is_dir(), reason="no published MLPerf folders here")
-
-
-def _one_h200_submission(tmp_path: Path, runs: int = 1) -> Path:
-    """A round folder with NVIDIA's 8 x H200 llama2_70b_lora submission: its system, ``runs`` logs, its
-    config and the config_common.sh it sources from a sibling implementation."""
-    src, org = PUBLISHED / H200_RUN, tmp_path / "v4.1" / "NVIDIA"
-    res = org / "results" / "h200_ngc24.09_nemo" / "llama2_70b_lora"
-    res.mkdir(parents=True)
-    for i in range(runs):
-        shutil.copy(src / "results/h200_ngc24.09_nemo/llama2_70b_lora" / f"result_{i}.txt", res)
-    (org / "systems").mkdir()
-    shutil.copy(src / "systems/h200_ngc24.09_nemo.json", org / "systems")
-    impl = "benchmarks/llama2_70b_lora/implementations"
-    shutil.copytree(src / impl / "h200_ngc24.09_nemo", org / impl / "h200_ngc24.09_nemo")
-    shutil.copytree(src / impl / "eos_ngc24.09_nemo/configs", org / impl / "eos_ngc24.09_nemo/configs")
-    return tmp_path / "v4.1"
 
 
 @needs_published
 def test_import_reads_layout_throughput_and_engine_of_a_published_run(tmp_path):
-    runs, problems = read_submissions([str(_one_h200_submission(tmp_path))], "6.0.0")
+    runs, problems = read_submissions([str(one_h200_submission(tmp_path))], "6.0.0")
     assert problems == [] and len(runs) == 1
     r = runs[0]
     spec = json.loads(r.row["spec_json"])
@@ -67,7 +49,7 @@ def test_import_reads_layout_throughput_and_engine_of_a_published_run(tmp_path):
 
 @needs_published
 def test_import_says_what_is_missing_and_stores_nothing_half_written(tmp_path):
-    root = _one_h200_submission(tmp_path, runs=3)
+    root = one_h200_submission(tmp_path, runs=3)
     logs = sorted(root.rglob("result_*.txt"))
     logs[0].write_text("".join(line for line in logs[0].read_text().splitlines(True) if "tracked_stats" not in line))
     logs[2].write_text("".join(line for line in logs[2].read_text().splitlines(True) if "submission_org" not in line))

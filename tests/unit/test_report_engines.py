@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
 from tests.fixtures.report import fill_operator_store
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, read_submissions, run_spec
@@ -24,8 +23,6 @@ from trainperf.report.scaling import scaling_table
 from trainperf.report.table import print_table, rows_for_json
 from trainperf.store.db import Store
 
-PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "published"
-H200_SUBMISSION = PUBLISHED / "v4.1" / "NVIDIA"
 NEMO_LAYOUT = {"tp": 1, "pp": 1, "cp": 1, "sp": False, "dp": 8, "vp": 1, "mbs": 1, "fp8": True, "fp8_attention": False}
 
 
@@ -151,16 +148,7 @@ def test_a_real_imported_submission_beside_this_engines_runs(tmp_path):
     """NVIDIA's 8 x H200 submission read by the import reader (two of its logs), stored beside this
     engine's runs: its own scaling row, its MFU read from the row, and its published result not
     repeated in the published table."""
-    org = tmp_path / "v4.1" / "NVIDIA"
-    res = org / "results" / "h200_ngc24.09_nemo" / "llama2_70b_lora"
-    res.mkdir(parents=True)
-    for i in range(2):
-        shutil.copy(H200_SUBMISSION / "results/h200_ngc24.09_nemo/llama2_70b_lora" / f"result_{i}.txt", res)
-    (org / "systems").mkdir()
-    shutil.copy(H200_SUBMISSION / "systems/h200_ngc24.09_nemo.json", org / "systems")
-    impl = "benchmarks/llama2_70b_lora/implementations"
-    shutil.copytree(H200_SUBMISSION / impl / "h200_ngc24.09_nemo", org / impl / "h200_ngc24.09_nemo")
-    shutil.copytree(H200_SUBMISSION / impl / "eos_ngc24.09_nemo/configs", org / impl / "eos_ngc24.09_nemo/configs")
+    one_h200_submission(tmp_path, runs=2)
     imported, problems = read_submissions([str(tmp_path / "v4.1")], "4.1.0")
     assert problems == [] and len(imported) == 2
     store = Store(tmp_path / "t.db")
