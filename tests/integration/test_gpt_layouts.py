@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.cli import run_cli
+from tests.fixtures.cli import run_cli, warning_lines
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def run_gpt(tmp: Path, nproc: int, overrides: list[str], timeout: int = 300) -> 
     out = run_cli("run", "mini-gpt-pretrain", "--nproc-per-node", str(nproc), "--json", *sets,
                   "--db", str(tmp / "t.db"), "--out", str(tmp / "runs"), cwd=tmp, timeout=timeout)
     summary = json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"stderr": out.stderr[-3000:]}
-    summary["warnings"] = [line for line in out.stderr.splitlines() if "Warning:" in line or "]:W" in line]
+    summary["warnings"] = warning_lines(out.stderr)
     if "run_id" in summary:
         with sqlite3.connect(tmp / "t.db") as c:
             summary["losses"] = [r[0] for r in c.execute(

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.fixtures.cli import run_cli
+from tests.fixtures.cli import run_cli, warning_lines
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def run_three_steps(tmp: Path, workload: str, nproc: int, overrides: list[str]) 
         summary["losses"] = [r[0] for r in c.execute(
             "SELECT loss FROM steps WHERE run_id = ? ORDER BY step", (summary["run_id"],))]
     summary["spec"] = json.loads((Path(summary["out_dir"]) / "spec.json").read_text())
-    summary["warnings"] = [line for line in out.stderr.splitlines() if "Warning:" in line or "]:W" in line]
+    summary["warnings"] = warning_lines(out.stderr)
     return summary
 
 

@@ -117,6 +117,7 @@ class Engine:
         # FSDP2's switch for syncing gradients only on the last micro-batch; None without FSDP2 (one
         # process with a bf16 LoRA base, parallelize.runs_without_fsdp)
         self._gradient_sync = getattr(self.parts[0][1], "set_requires_gradient_sync", None)
+        self._sync_every_micro_batch = spec.train.grad_sync == "every"  # train.grad_sync
         self.schedule = self._pipeline_schedule() if p.pp > 1 else None
         self._eval_rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._evaluating = False
@@ -162,7 +163,7 @@ class Engine:
         for i, (ids, mask) in enumerate(micro_batches):
             ids, labels, label_mask, positions = self._inputs(ids, mask)
             if self._gradient_sync is not None:
-                self._gradient_sync(i == len(micro_batches) - 1 or self.spec.train.grad_sync == "every")
+                self._gradient_sync(i == len(micro_batches) - 1 or self._sync_every_micro_batch)
             with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
                 pos = positions if self.spec.parallel.cp > 1 else None
                 chunk = self.spec.train.loss_chunk_tokens
