@@ -25,9 +25,7 @@ from pathlib import Path
 from trainperf.mlperf.published import read_submissions
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
-from trainperf.mlperf.recipes import RCP_UNIT
-from trainperf.mlperf.score import rcp_reference_samples
-from trainperf.plan.search import plan, time_to_train
+from trainperf.plan.search import plan, rcp_samples_at, time_to_train
 
 
 def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
@@ -35,16 +33,6 @@ def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
     RCP-scaled)."""
     with open(csv_path) as fh:
         return {(row["system"], row["benchmark"]): float(row["score_min"]) for row in csv.DictReader(fh)}
-
-
-def rcp_samples_of_round(spec, round_name: str) -> float | None:
-    """The RCP mean samples to converge at the run's GBS under its own round's rules (gpt3's RCPs left
-    the rules after 4.1; its RCPs count tokens)."""
-    ruleset = round_name.lstrip("v") + ".0"
-    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size, ruleset)
-    if not found:
-        return None
-    return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
 
 
 def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int]:
@@ -99,7 +87,7 @@ def main() -> int:
         profile = fit_profile(args.engine, fit_on)
         gpu = apply_profile(point.gpu, profile)
         est = estimate(point.spec, gpu, point.gpus_per_node)
-        samples = rcp_samples_of_round(point.spec, rounds[label])
+        samples = rcp_samples_at(point.spec, rounds[label].lstrip("v") + ".0")  # the run's own round's rules
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
         rank, total = (None, 0) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
         rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",

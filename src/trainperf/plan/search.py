@@ -162,18 +162,27 @@ def _apply(base: RunSpec, overrides: dict) -> RunSpec:
                                         for sec, vals in by_section.items()})
 
 
+def rcp_ruleset(benchmark: str) -> str:
+    """The training ruleset whose RCPs a benchmark is priced with (gpt3 left the rules after 4.1.0)."""
+    return RCP_RULESET.get(benchmark, DEFAULT_RULESET)
+
+
 def rcp_samples(spec: RunSpec) -> float | None:
-    """Samples to converge at this GBS as MLPerf's RCP checker sees them: the olympic mean of the
-    reference convergence points, interpolated between two RCPs where the GBS has none (training
-    6.0.0 rules, pruned RCPs; gpt3 under its last ruleset, 4.1.0, its token counts in sequences); None
-    for workloads without RCPs."""
-    benchmark = spec.mlperf.benchmark
-    if not benchmark or not spec.mlperf.comparable:
+    """Samples to converge at this GBS as MLPerf's RCP checker sees them (rcp_samples_at, under the
+    benchmark's rcp_ruleset); None for workloads without RCPs or open-division runs."""
+    if not spec.mlperf.benchmark or not spec.mlperf.comparable:
         return None
-    found = rcp_reference_samples(benchmark, spec.train.global_batch_size, RCP_RULESET.get(benchmark, DEFAULT_RULESET))
+    return rcp_samples_at(spec, rcp_ruleset(spec.mlperf.benchmark))
+
+
+def rcp_samples_at(spec: RunSpec, ruleset: str) -> float | None:
+    """The olympic mean of the reference convergence points of ``ruleset`` at the spec's GBS,
+    interpolated between two RCPs where the GBS has none (pruned RCPs), in samples (gpt3's token counts
+    in sequences); None where the ruleset has none for it."""
+    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size, ruleset)
     if not found:
         return None
-    return found[0] / spec.data.seq_len if RCP_UNIT.get(benchmark) == "tokens" else found[0]
+    return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
 
 
 def time_to_train(spec: RunSpec, est, samples: float) -> float:
@@ -188,7 +197,7 @@ def time_to_train(spec: RunSpec, est, samples: float) -> float:
 
 def rcp_batch_sizes(spec: RunSpec) -> list[int]:
     """The GBS values the benchmark's RCPs cover, so a GBS search has samples to converge for."""
-    return rcp_global_batch_sizes(spec.mlperf.benchmark, RCP_RULESET.get(spec.mlperf.benchmark, DEFAULT_RULESET))
+    return rcp_global_batch_sizes(spec.mlperf.benchmark, rcp_ruleset(spec.mlperf.benchmark))
 
 
 def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float | None = None,
