@@ -7,8 +7,10 @@ MFU (LoRA-aware FLOPs, trainperf.core.flops) and peak memory for every side, and
 ``--lora-kernel torch,fused`` once per LoRA input-side kernel (with both: every pair, attention outer).
 ``--hf-sides`` picks the Hugging Face-based peers (HF_SIDES): plain, torch.compile'd per decoder layer,
 compiled with torchao's float8 GEMMs for the decoder's base Linears, and with Liger kernels (fused
-linear cross-entropy, RMSNorm, SwiGLU, RoPE), eager and compiled; our first side is put against each
-of them and against the fastest.
+linear cross-entropy, RMSNorm, SwiGLU, RoPE), eager and compiled; the ``*_cudnn`` sides run SDPA with
+cuDNN's attention first, as trainperf does (torch's default order picks its flash kernel). Every side
+names the attention kernels one profiled step ran. Our first side is put against each of them and
+against the fastest.
 
     python bench/lora_throughput.py --shape 7b --seq 8192 --recompute none --steps 10 [--no-hf] [--json FILE]
     python bench/lora_throughput.py --compile --hf-sides hf_peft,hf_peft_compiled,hf_peft_liger,hf_peft_liger_compiled
@@ -44,11 +46,16 @@ SHAPES = {  # Llama-2 shapes (vocab 32000)
 }
 LORA = LoRASpec(rank=16, alpha=32.0, dropout=0.1, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 # the Hugging Face-based peers: name -> (Liger kernels, torch.compile per decoder layer, torchao float8
-# base GEMMs). Liger patches transformers' Llama module globally (RoPE), so its sides run after the
-# plain ones (hf_sides orders them).
-HF_SIDES = {"hf_peft": (False, False, False), "hf_peft_compiled": (False, True, False),
-            "hf_peft_fp8_compiled": (False, True, True),
-            "hf_peft_liger": (True, False, False), "hf_peft_liger_compiled": (True, True, False)}
+# base GEMMs, SDPA with cuDNN's attention first as trainperf asks for it; else torch's default order,
+# which picks its flash kernel). Liger patches transformers' Llama module globally (RoPE), so its sides
+# run after the plain ones (hf_sides orders them).
+HF_SIDES = {"hf_peft": (False, False, False, False), "hf_peft_compiled": (False, True, False, False),
+            "hf_peft_compiled_cudnn": (False, True, False, True),
+            "hf_peft_fp8_compiled": (False, True, True, False),
+            "hf_peft_fp8_compiled_cudnn": (False, True, True, True),
+            "hf_peft_liger": (True, False, False, False), "hf_peft_liger_compiled": (True, True, False, False),
+            "hf_peft_liger_compiled_cudnn": (True, True, False, True)}
+ATTENTION_KERNEL = ("attention", "fmha", "flash", "cudnn", "sdpa")  # substrings of attention kernels' names
 
 
 def time_steps(step_fn, steps: int, warmup: int) -> list[float]:
@@ -89,7 +96,19 @@ def measure(loss_of, trainable: list, clip, vocab: int, seq: int, steps: int, wa
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step_figures(step, steps, warmup)
+    figures = step_figures(step, steps, warmup)
+    return dict(figures, attention_kernels=attention_kernels_of(step))
+
+
+def attention_kernels_of(step_fn) -> list[str]:
+    """The GPU kernels of one more step whose names say attention: which SDPA backend a side really ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_fn()
+        torch.cuda.synchronize()
+    names = {e.key for e in prof.key_averages() if any(k in e.key.lower() for k in ATTENTION_KERNEL)}
+    return sorted(name[:120] for name in names)
 
 
 def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
@@ -115,19 +134,41 @@ def bench_trainperf(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: 
     return measure(logits_loss(model), trainable, clip_gradients, model_spec.vocab_size, seq, steps, warmup)
 
 
-def hf_llama(model_spec: ModelSpec, seq: int, device: str = "cuda"):
-    """Hugging Face's LlamaForCausalLM of this shape, random weights, bf16, SDPA attention, no KV cache
-    (with HF's default use_cache a training forward fills a DynamicCache, and a compiled decoder layer
-    recompiles per layer on the cache slot's guard until dynamo's recompile limit leaves the rest eager)."""
+def hf_llama(model_spec: ModelSpec, seq: int, device: str = "cuda", attention: str = "sdpa"):
+    """Hugging Face's LlamaForCausalLM of this shape, random weights, bf16, no KV cache (with HF's
+    default use_cache a training forward fills a DynamicCache, and a compiled decoder layer recompiles
+    per layer on the cache slot's guard until dynamo's recompile limit leaves the rest eager).
+    ``attention``: "sdpa" (torch's default backend order), or "sdpa_cudnn" (register_sdpa_cudnn)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=model_spec.vocab_size, hidden_size=model_spec.hidden_size,
                       intermediate_size=model_spec.intermediate_size, num_hidden_layers=model_spec.num_layers,
                       num_attention_heads=model_spec.num_heads, num_key_value_heads=model_spec.num_kv_heads,
                       max_position_embeddings=max(seq, 4096), tie_word_embeddings=False, use_cache=False)
-    cfg._attn_implementation = "sdpa"
+    if attention == "sdpa_cudnn":
+        register_sdpa_cudnn()
+    cfg._attn_implementation = attention
     with torch.device(device):
         return LlamaForCausalLM(cfg).to(torch.bfloat16)
+
+
+def register_sdpa_cudnn() -> None:
+    """transformers' own SDPA attention under SDPA's backends in trainperf's order (cuDNN's attention
+    first), registered as the attention implementation "sdpa_cudnn" with SDPA's mask. The backend order
+    is set inside each attention call, so a compiled decoder layer traces it (set around a compiled
+    layer from outside, it is not seen and torch's default order picks its flash kernel)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    from trainperf.model.llama import attention_backends
+
+    def sdpa_cudnn_attention_forward(*args, **kwargs):
+        with attention_backends("cuda"):
+            return sdpa_attention_forward(*args, **kwargs)
+
+    AttentionInterface.register("sdpa_cudnn", sdpa_cudnn_attention_forward)
+    AttentionMaskInterface.register("sdpa_cudnn", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 def apply_liger(model) -> None:
@@ -163,13 +204,16 @@ def compile_decoder_layers(model) -> int:
 
 
 def bench_hf_peft(model_spec: ModelSpec, lora: LoRASpec, seq: int, recompute: str, steps: int, warmup: int,
-                  liger: bool = False, hf_compile: bool = False, hf_fp8: bool = False, **_) -> dict:
+                  liger: bool = False, hf_compile: bool = False, hf_fp8: bool = False, cudnn: bool = False,
+                  **_) -> dict:
     """HF transformers + PEFT as users run it; with ``liger`` Liger's kernels (the loss through
     HF's labels path, the fused linear cross-entropy), with ``hf_fp8`` torchao's float8 GEMMs for the
-    decoder's base Linears, with ``hf_compile`` each decoder layer compiled."""
+    decoder's base Linears, with ``hf_compile`` each decoder layer compiled, with ``cudnn`` SDPA's
+    backends in trainperf's order (cuDNN's attention first)."""
+
     from peft import LoraConfig, get_peft_model
 
-    model = hf_llama(model_spec, seq)
+    model = hf_llama(model_spec, seq, attention="sdpa_cudnn" if cudnn else "sdpa")
     if liger:
         apply_liger(model)
     if recompute == "full":
@@ -198,7 +242,7 @@ def hf_sides(names: str, common: dict) -> list:
     if unknown:
         raise ValueError(f"--hf-sides {','.join(unknown)}: unknown; valid: {','.join(HF_SIDES)}")
     picked.sort(key=lambda n: HF_SIDES[n][0])  # stable: plain sides first, then Liger's
-    return [(n, bench_hf_peft, dict(common, liger=HF_SIDES[n][0], hf_compile=HF_SIDES[n][1], hf_fp8=HF_SIDES[n][2]))
+    return [(n, bench_hf_peft, dict(common, **dict(zip(("liger", "hf_compile", "hf_fp8", "cudnn"), HF_SIDES[n]))))
             for n in picked]
 
 
@@ -285,6 +329,8 @@ def side_by_side(sides: list, *, shape: str, seq: int, flops_tok: float, ratio_l
         r.update(tokens_per_s=tps, model_tflops=flops_tok * tps / 1e12, mfu=metrics.mfu(flops_tok, tps, peak))
         print(f"{label} {tps:,.0f} tokens/s, {r['model_tflops']:.0f} model TFLOP/s, "
               f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_gib']:.1f} GiB", flush=True)
+        if r.get("attention_kernels"):
+            print(f"  attention kernels: {'; '.join(r['attention_kernels'])}", flush=True)
     names = [name for name, _, _ in sides]
     peers = min(peers, len(names) - 1) if len(names) >= 2 else 0
     ours, peer_names = names[:len(names) - peers], names[len(names) - peers:]

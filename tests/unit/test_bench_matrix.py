@@ -129,7 +129,9 @@ def test_liger_sides_run_after_the_plain_ones_and_unknown_sides_are_refused():
     assert [(kw["liger"], kw["hf_compile"], kw["hf_fp8"]) for _, _, kw in sides] == [
         (False, True, False), (False, False, False), (True, False, False)]
     (fp8,) = lora_throughput.hf_sides("hf_peft_fp8_compiled", {})
-    assert (fp8[2]["hf_fp8"], fp8[2]["hf_compile"], fp8[2]["liger"]) == (True, True, False)
+    assert (fp8[2]["hf_fp8"], fp8[2]["hf_compile"], fp8[2]["liger"], fp8[2]["cudnn"]) == (True, True, False, False)
+    (fp8_cudnn,) = lora_throughput.hf_sides("hf_peft_fp8_compiled_cudnn", {})
+    assert (fp8_cudnn[2]["hf_fp8"], fp8_cudnn[2]["cudnn"]) == (True, True)
     with pytest.raises(ValueError, match="valid: hf_peft,"):
         lora_throughput.hf_sides("hf_peft,hf_fast", {})
 
@@ -147,6 +149,34 @@ def test_each_hf_decoder_layer_is_compiled_inside_peft():
     assert lora_throughput.compile_decoder_layers(model) == 3
     layers = [m for m in model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
     assert all(layer._compiled_call_impl is not None for layer in layers)
+
+
+def test_the_cudnn_hf_side_runs_transformers_sdpa_under_trainperfs_backend_order(monkeypatch):
+    """*_cudnn: the HF model's attention is its own SDPA function, entered under attention_backends
+    inside each call (where a compiled layer traces it): same loss as plain "sdpa", same weights."""
+    import contextlib
+
+    from trainperf.core.spec import ModelSpec
+    from trainperf.model import llama
+
+    entered = []
+
+    def counting_backends(device_type):
+        entered.append(device_type)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(llama, "attention_backends", counting_backends)
+    spec = ModelSpec(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                     num_kv_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    plain = lora_throughput.hf_llama(spec, 64, "cpu").float()
+    cudnn = lora_throughput.hf_llama(spec, 64, "cpu", attention="sdpa_cudnn").float()
+    cudnn.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 64, (1, 16))
+    assert cudnn.config._attn_implementation == "sdpa_cudnn"
+    assert cudnn(input_ids=ids, labels=ids).loss.item() == pytest.approx(plain(input_ids=ids, labels=ids).loss.item(),
+                                                                           rel=1e-6)
+    assert entered == ["cuda", "cuda"]  # once per layer, only on the cudnn model's forward
 
 
 def test_the_fp8_hf_side_swaps_every_decoder_base_linear_and_no_adapter():
