@@ -206,3 +206,69 @@ def test_speed_options_are_search_dimensions():
     plain, _ = plan(spec, PRESETS["h200"], 2, 2)
     assert fits[0].est.step_time_s < plain[0].est.step_time_s
     assert any(k in fits[0].overrides for k in ("train.compile", "hardware.fp8"))
+
+
+def test_throughput_from_training_blocks_when_the_log_tracks_none():
+    """Logs before v4.1 track no throughput: a step lasts a block's time over its steps, the block's
+    epoch_count in tokens where it is whole GBS x seq multiples (gpt3), else in sequences; the first
+    block (compilation, warm-up) is left out."""
+    from types import SimpleNamespace
+
+    from trainperf.mlperf.published import step_seconds_from_blocks
+
+    def blocks(counts_and_seconds):
+        lines, t, first = [], 0.0, 0
+        for count, seconds in counts_and_seconds:
+            meta = {"metadata": {"first_epoch_num": first, "epoch_count": count}}
+            lines.append(SimpleNamespace(key="block_start", value=meta, timestamp=t))
+            t += seconds * 1000
+            lines.append(SimpleNamespace(key="block_stop", value=meta, timestamp=t))
+            lines.append(SimpleNamespace(key="eval_accuracy", value={"value": 3.0}, timestamp=t))
+            first += count
+        return lines
+
+    tokens = blocks([(10 * 4 * 8, 20.0), (10 * 4 * 8, 10.0), (10 * 4 * 8, 12.0)])  # 10 steps of GBS 4 x seq 8
+    assert step_seconds_from_blocks(tokens, gbs=4, seq_len=8)[0] == pytest.approx(1.1)
+    sequences = blocks([(40, 9.0), (40, 5.0), (40, 5.0), (40, 6.0)])  # 10 steps of GBS 4
+    step_s, basis = step_seconds_from_blocks(sequences, gbs=4, seq_len=8192)
+    assert step_s == pytest.approx(0.5) and "3 blocks, the first left out" in basis
+    assert step_seconds_from_blocks(blocks([(40, 9.0)]), gbs=4, seq_len=8192) == (None, "")
+    assert step_seconds_from_blocks(blocks([(42, 9.0), (42, 9.0)]), gbs=4, seq_len=8192) == (None, "")  # no whole steps
+
+
+def test_the_matching_config_is_a_launch_config_for_this_gpu_generation(tmp_path):
+    """Fragments (config_fp8.sh: no DGXNNODES / DGXNGPU) and *common* files are never a run's config; a
+    config written for another GPU generation is refused with its reason; the system's own is taken."""
+    from trainperf.mlperf.published import implementation_configs, matching_config
+
+    org = tmp_path / "Dell"
+    impl = org / "benchmarks" / "llama2_70b_lora" / "implementations" / "nemo" / "configs"
+    impl.mkdir(parents=True)
+    (impl / "config_fp8.sh").write_text("export FP8=True\n")
+    (impl / "config_XE9680_common.sh").write_text("export DGXNGPU=8\nexport DGXNNODES=1\n")
+    (impl / "config_XE9680L_B200.sh").write_text("export DGXNNODES=1\nexport DGXNGPU=8\nexport MINIBS=1\n")
+    configs, commons = implementation_configs(org, "llama2_70b_lora")
+    assert [c.name for c in configs] == ["config_XE9680L_B200.sh", "config_fp8.sh"]
+    assert [c.name for c in commons] == ["config_XE9680_common.sh"]
+    path, _, why = matching_config(configs, commons, "XE9680x8H200-SXM-141GB", 8, 1, 8, 8, "NVIDIA H200-SXM5-141GB")
+    assert path is None and why == "config_XE9680L_B200.sh: written for blackwell GPUs, the system has NVIDIA H200-SXM5-141GB"
+    (impl / "config_XE9680_1x8x2xtp1pp1cp2.sh").write_text("export DGXNNODES=1\nexport DGXNGPU=8\nexport CP=2\n"
+                                                            "export MINIBS=2\n")
+    configs, commons = implementation_configs(org, "llama2_70b_lora")
+    path, lay, _ = matching_config(configs, commons, "XE9680x8H200-SXM-141GB", 8, 1, 8, 8, "NVIDIA H200-SXM5-141GB")
+    assert path.name == "config_XE9680_1x8x2xtp1pp1cp2.sh" and (lay["cp"], lay["dp"]) == (2, 4)
+    path, _, why = matching_config(configs, commons, "XE9680x4H200", 4, 1, 8, 4, "NVIDIA H200-SXM5-141GB")
+    assert path is None and "DGXNGPU=8, the system has 4 GPUs per node" in why
+
+
+def test_engine_and_submitter_names_of_an_imported_run(tmp_path):
+    from trainperf.mlperf.published import engine_name, submitter
+
+    nemo_impl = tmp_path / "benchmarks" / "gpt3" / "implementations" / "eos_n8_ngc24.09_nemo" / "configs" / "config_a.sh"
+    assert engine_name(nemo_impl, {}) == "nemo"
+    loose = tmp_path / "benchmarks" / "gpt3" / "DGXH100_128x8x64x4x8_mbs2" / "config_a.sh"
+    assert engine_name(loose, {"framework": "PyTorch, NeMo, HugeCTR, DGL NVIDIA Release 24.09"}) == "nemo"
+    assert engine_name(loose, {"framework": "MXNet NVIDIA Release 24.04 or PyTorch NVIDIA Release 24.04"}) == "pytorch"
+    assert engine_name(None, {"framework_name": ""}) == ""
+    assert submitter("SUBMISSION_ORG_PLACEHOLDER", "v4.1/Oracle/results/x/gpt3") == "Oracle"
+    assert submitter("Dell", "v4.1/Dell/results/x/gpt3") == "Dell"

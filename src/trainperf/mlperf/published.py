@@ -139,14 +139,25 @@ def round_ruleset(org_dir: Path, default: str) -> str:
     return f"{m.group(1)}.{m.group(2)}.0" if m else default
 
 
-def engine_name(implementation: Path | None, system: dict) -> str:
-    """The engine a submission ran: its implementation folder's last word (eos_n8_ngc24.09_nemo, nemo),
-    else the system description's framework_name's."""
-    for text in (implementation.name if implementation else "", system.get("framework_name", "")):
-        word = re.split(r"[_\s]", str(text).strip())[-1].lower() if text else ""
-        if word and not re.fullmatch(r"n?\d+", word):
-            return word
-    return ""
+# the engines a submission's folder or framework description may name, the more specific first
+ENGINE_WORDS = ("nemo", "megatron", "deepspeed", "maxtext", "paxml", "jax", "pytorch", "tensorflow", "mxnet")
+
+
+def engine_name(config: Path | None, system: dict) -> str:
+    """The engine a submission ran: its implementation folder's last word when that names an engine
+    (benchmarks/<benchmark>/implementations/eos_n8_ngc24.09_nemo: nemo), else the first engine the
+    system description's framework names (NeMo before PyTorch), else that folder's last word."""
+    parts = config.parent.parts if config else ()
+    implementation = parts[parts.index("implementations") + 1] if "implementations" in parts[:-1] else \
+        (config.parent.name if config else "")
+    folder_word = re.split(r"[_\s]", implementation.strip())[-1].lower() if implementation else ""
+    if folder_word in ENGINE_WORDS:
+        return folder_word
+    framework = f"{system.get('framework', '')} {system.get('framework_name', '')}".lower()
+    named = [w for w in ENGINE_WORDS if re.search(rf"\b{w}\b", framework)]
+    if named:
+        return named[0]
+    return folder_word if folder_word and not re.fullmatch(r"n?\d+", folder_word) else ""
 
 
 def parsed_log(path: Path, ruleset: str) -> tuple[list, list]:
@@ -201,25 +212,78 @@ def step_seconds_from_stats(stats: dict[str, list[float]], gbs: int) -> tuple[fl
     return None, ""
 
 
+def step_seconds_from_blocks(loglines: list, gbs: int, seq_len: int) -> tuple[float | None, str]:
+    """(seconds per optimizer step, what it came from) from the training blocks of a log that tracks no
+    throughput (NeMo's logs before v4.1): each block_start .. block_stop covers ``epoch_count``
+    sequences -- or tokens, where the count is a whole number of GBS x sequence length (gpt3's logs
+    count tokens) -- so a step lasts the block's time over its steps. The median over the blocks, the
+    first left out (it holds the compilation and warm-up); None without two whole blocks of steps."""
+    starts, rates = {}, []
+    for ll in loglines:
+        meta = ll.value.get("metadata", {}) if isinstance(ll.value, dict) else {}
+        first, count = meta.get("first_epoch_num"), meta.get("epoch_count")
+        if ll.key == "block_start":
+            starts[first] = ll.timestamp
+        elif ll.key == "block_stop" and first in starts and isinstance(count, (int, float)) and count > 0:
+            per_step = gbs * seq_len if seq_len and count % (gbs * seq_len) == 0 else gbs
+            if count % per_step == 0 and ll.timestamp > starts[first]:
+                rates.append((ll.timestamp - starts[first]) / 1000 / (count // per_step))
+    if len(rates) < 2:
+        return None, ""
+    return statistics.median(rates[1:]), f"median training block time per step ({len(rates) - 1} blocks, the first left out)"
+
+
 def implementation_configs(org_dir: Path, benchmark: str) -> tuple[list[Path], list[Path]]:
-    """(the config_*.sh of every implementation of the benchmark, the config_common.sh among them)."""
-    impl = org_dir / "benchmarks" / benchmark / "implementations"
-    scripts = sorted(impl.rglob("config_*.sh")) if impl.is_dir() else []
-    return [s for s in scripts if s.name != "config_common.sh" and not s.name.startswith("config_common")], \
-        [s for s in scripts if s.name.startswith("config_common")]
+    """(the config_*.sh of every implementation of the benchmark, the config_common.sh among them):
+    anywhere under benchmarks/<benchmark>/ (most submitters keep them in implementations/<name>/,
+    some in a folder of their own beside it)."""
+    bench = org_dir / "benchmarks" / benchmark
+    scripts = sorted(bench.rglob("config_*.sh")) if bench.is_dir() else []
+    return [s for s in scripts if "common" not in s.name], [s for s in scripts if "common" in s.name]
+
+
+def config_affinity(config: Path, system_name: str) -> int:
+    """How closely a config's place and name point at a system: 2 in a folder named after it, 1 when its
+    file name carries the system's model word (XE8640 of XE8640x4H100-SXM-80GB), else 0."""
+    if system_name in (config.parent.name, config.parent.parent.name):
+        return 2
+    words = {w.lower() for w in re.findall(r"[A-Za-z]{2,}\d{3,}", system_name)}
+    return 1 if any(w in config.name.lower() for w in words) else 0
+
+
+GPU_FAMILIES = {"H100": "hopper", "H200": "hopper", "GH200": "hopper", "B200": "blackwell", "GB200": "blackwell",
+                "B300": "blackwell", "GB300": "blackwell", "MI300X": "cdna3", "MI325X": "cdna3", "MI355X": "cdna4"}
+
+
+def named_gpu_family(text: str) -> str | None:
+    """The GPU generation a name mentions (config_XE9680L_B200.sh: blackwell), None if it names none."""
+    found = re.findall(r"GB\d00|GH200|[BH]\d00|MI\d{3}X", text.upper())
+    return GPU_FAMILIES.get(found[0]) if found else None
 
 
 def matching_config(configs: list[Path], commons: list[Path], system_name: str, gpus: int, nodes: int,
-                    gbs: int) -> tuple[Path | None, dict, str]:
-    """The config that ran this system: nodes and the per-rank batch x data-parallel ranks agree with
-    the system and the log's GBS; one in the system's own implementation folder first. (path, layout,
-    why none) -- the layout of a config that contradicts the log is not used."""
-    candidates = sorted(configs, key=lambda c: c.parent.name != system_name and c.parent.parent.name != system_name)
+                    gbs: int, per_node: int | None = None, accelerator: str = "") -> tuple[Path | None, dict, str]:
+    """The config that ran this system: a launch config (it sets DGXNNODES or DGXNGPU; fragments such as
+    config_fp8.sh do not) whose nodes, GPUs per node and per-rank batch x data-parallel ranks agree with
+    the system and the log's GBS; the closest to the system first (config_affinity). (path, layout, why
+    none) -- the layout of a config that contradicts the log is not used."""
+    candidates = sorted(configs, key=lambda c: -config_affinity(c, system_name))
     reasons = []
     for path in candidates:
-        lay = config_layout(read_config_script(path, commons), gpus)
+        env = read_config_script(path, commons)
+        lay = config_layout(env, gpus)
+        node_gpus = _first_int(env, ("DGXNGPU",))
+        if lay["nodes"] is None and node_gpus is None:
+            continue  # a fragment another config sources, not a run's config
+        family = named_gpu_family(path.name)
+        if family and accelerator and named_gpu_family(accelerator) not in (None, family):
+            reasons.append(f"{path.name}: written for {family} GPUs, the system has {accelerator}")
+            continue
         if lay["nodes"] not in (None, nodes):
             reasons.append(f"{path.name}: DGXNNODES={lay['nodes']}, the system has {nodes} nodes")
+            continue
+        if per_node and node_gpus not in (None, per_node):
+            reasons.append(f"{path.name}: DGXNGPU={node_gpus}, the system has {per_node} GPUs per node")
             continue
         if not lay["dp"]:
             reasons.append(f"{path.name}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide {gpus} GPUs")
@@ -229,7 +293,13 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
                            f"{lay['local_batch'] * lay['dp']}, the log's global_batch_size is {gbs}")
             continue
         return path, lay, ""
-    return None, {}, "; ".join(reasons) or "no config_*.sh under benchmarks/<benchmark>/implementations"
+    return None, {}, "; ".join(reasons) or "no config_*.sh under benchmarks/<benchmark>/"
+
+
+def recipe_seq_len(benchmark: str) -> int:
+    """The sequence length of a benchmark's recipe (for logs that do not log max_sequence_length)."""
+    recipe = RECIPES[benchmark]
+    return (recipe(1) if benchmark in ("gpt3", "llama31_405b") else recipe()).data.seq_len
 
 
 def run_spec(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> RunSpec:
@@ -325,16 +395,20 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     gbs = int(run.gbs) if isinstance(run.gbs, (int, float)) else 0
     if not gbs:
         item.missing.append(f"{label}: no global_batch_size logged")
-    config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs)
+    config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs, per_node, accelerator)
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
     stats = tracked_stats(loglines)
     step_s, basis = step_seconds_from_stats(stats, gbs) if gbs else (None, "")
+    if step_s is None and gbs:
+        logged_seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
+        step_s, basis = step_seconds_from_blocks(loglines, gbs, logged_seq or recipe_seq_len(benchmark))
     if step_s is None:
-        item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput)")
+        item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput, and not "
+                            "two training blocks with an epoch_count of whole steps)")
     if item.missing:
         return item
-    item.engine = engine_name(config.parent, system) or "unknown"
+    item.engine = engine_name(config, system) or "unknown"
     seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
     spec = run_spec(benchmark, gbs, seq, lay)
     seq = spec.data.seq_len
@@ -352,7 +426,7 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
                                      "gpus_per_node": per_node, "system": system.get("system_name", system_name),
                                      "network": system.get("host_networking", ""),
                                      "interconnect": system.get("accelerator_interconnect", "")}),
-        "software_json": json.dumps({"framework": system.get("framework", ""), "org": run.org,
+        "software_json": json.dumps({"framework": system.get("framework", ""), "org": submitter(run.org, where),
                                      "round": Path(where).parts[0], "config": str(config), "step_time_basis": basis,
                                      "precision": ("fp8" + (" (+fp8 attention)" if lay["fp8_attention"] else ""))
                                      if lay["fp8"] else "bf16"}),
@@ -363,6 +437,14 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
         "engine": item.engine,
     }
     return item
+
+
+def submitter(logged_org: str | None, where: str) -> str:
+    """The submitting organisation: as logged, unless the log kept the template's placeholder
+    (SUBMISSION_ORG_PLACEHOLDER) or none, then the org folder's name."""
+    if logged_org and "placeholder" not in logged_org.lower():
+        return logged_org
+    return Path(where).parts[1]
 
 
 def layout_label(lay: dict) -> str:
