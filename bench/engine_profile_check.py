@@ -1,7 +1,7 @@
 """Predicted against published: an engine profile fitted to MLPerf calibration points, checked on the
 published runs it was not fitted to. CPU only.
 
-    python bench/engine_profile_check.py PUBLISHED_DIR [--engine nemo] [--markdown]
+    python bench/engine_profile_check.py PUBLISHED_DIR [--engine nemo] [--check ROUND_DIR ...] [--check-engines all]
 
 PUBLISHED_DIR holds round folders of MLPerf submissions and calibration_points.csv (the points a
 profile may be fitted to). Every published configuration is predicted by a profile fitted without it:
@@ -11,6 +11,12 @@ configuration: tokens/s per GPU (the median run's), time to train (the planner's
 mean samples to converge under the run's round and the evals, against the published score, which
 MLPerf scales to the RCP too; the median run's minutes where no score is given), and the rank of the
 published layout among the planner's layouts for that engine at that GPU count and GBS.
+
+``--check`` names more round folders of published results (the MLCommons training_results_vX.Y
+repositories' layout, e.g. a checkout of each): every H100/H200 configuration there of the profile's
+engine (``--check-engines all``: of any engine) that is not a calibration point is predicted by the
+profile of all calibration points and reported in a second table, one row per round, submitter,
+system and benchmark; its time to train is the median minutes of its successful runs.
 """
 
 from __future__ import annotations
@@ -52,11 +58,80 @@ def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple
     return None, len(fits)
 
 
+def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, calib_points: list,
+               headroom: float = 0.0) -> list[dict]:
+    """Every H100/H200 configuration in ``dirs`` (not a calibration point) predicted by the profile of all
+    calibration points: one row per (round, submitter, system, benchmark), its median run."""
+    runs, problems = read_submissions(dirs, "6.0.0")
+    print(f"checked folders: {len(runs)} runs read, {len(problems)} logs not imported", file=sys.stderr)
+    profile = fit_profile(engine, calib_points)
+    groups = {}
+    for r in runs:
+        if engines != "all" and r.engine != engine:
+            continue
+        pt = engine_run_from_row(r.row)
+        if pt is None:  # no planner preset for this GPU (not an H100 / H200 / B200 the planner knows)
+            continue
+        software = json.loads(r.row["software_json"])
+        system = Path(r.path).parents[1].name
+        if (system, r.row["workload"]) in calib_keys or "H100" not in pt.gpu.name and "H200" not in pt.gpu.name:
+            continue
+        key = (software["round"], software["org"], system, r.row["workload"])
+        groups.setdefault(key, []).append((pt, r))
+    rows = []
+    for (rnd, org, system, bench), members in sorted(groups.items(), key=lambda kv: (kv[0][3], kv[1][0][0].gpu.name, kv[0])):
+        point = group_points([pt for pt, _ in members])[0]
+        engine_of = members[0][1].engine
+        gpu = apply_profile(point.gpu, profile)
+        est = estimate(point.spec, gpu, point.gpus_per_node)
+        samples = rcp_samples_at(point.spec, rnd.lstrip("v") + ".0")
+        ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
+        minutes = [pt.time_to_train_s / 60 for pt, _ in members if pt.time_to_train_s]
+        published_min = statistics.median(minutes) if minutes else None
+        gpus = point.spec.parallel.tp * point.spec.parallel.cp * point.spec.parallel.pp * point.spec.parallel.dp_shard
+        rank, total = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node else (None, 0)
+        rows.append({"label": f"{bench}@{gpus} {rnd} {org} {system}", "layout": point.label.split(" ", 1)[1],
+                     "engine": engine_of, "published_tps": point.tokens_per_s_per_gpu,
+                     "predicted_tps": est.tokens_per_s_per_gpu,
+                     "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
+                     "published_min": published_min, "predicted_min": ttt,
+                     "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
+                     "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total})
+    return rows
+
+
+def print_check_rows(rows: list[dict]) -> None:
+    print("\n| published configuration | engine | layout | published tok/s/GPU | predicted | error | "
+          "median run, min | predicted min | error | published layout's rank |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        pub = f"{r['published_min']:.2f}" if r["published_min"] else "-"
+        ttt = f"{r['predicted_min']:.2f}" if r["predicted_min"] else "-"
+        terr = f"{100 * r['ttt_error']:+.1f}%" if r["ttt_error"] is not None else "-"
+        rank = (f"{r['rank']} of {r['layouts']}" if r["rank"] else f"not ranked (of {r['layouts']})") \
+            if r["multi_node"] else "(one node)"
+        print(f"| {r['label']} | {r['engine']} | {r['layout']} | {r['published_tps']:,.0f} | {r['predicted_tps']:,.0f} | "
+              f"{100 * r['tps_error']:+.1f}% | {pub} | {ttt} | {terr} | {rank} |")
+    tps = [abs(r["tps_error"]) for r in rows]
+    tt = [abs(r["ttt_error"]) for r in rows if r["ttt_error"] is not None]
+    multi = [r for r in rows if r["multi_node"]]
+    if tps:
+        print(f"\nchecked configurations: {len(rows)}; tokens/s per GPU median |error| {100 * statistics.median(tps):.1f}%, "
+              f"max {100 * max(tps):.1f}%; time to train median |error| "
+              + (f"{100 * statistics.median(tt):.1f}%, max {100 * max(tt):.1f}%" if tt else "-")
+              + f"; multi-node configurations with the published layout in the top 3: "
+              f"{sum(1 for r in multi if r['rank'] and r['rank'] <= 3)} of {len(multi)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("published", help="folder of round folders and calibration_points.csv")
     ap.add_argument("--engine", default="nemo")
     ap.add_argument("--no-rank", action="store_true", help="skip the layout search (the slow part)")
+    ap.add_argument("--check", nargs="*", default=[], metavar="ROUND_DIR",
+                    help="more round folders of published results, predicted and never fitted on")
+    ap.add_argument("--check-engines", default="profile", choices=["profile", "all"],
+                    help="which engines' runs --check predicts: the profile's (default) or all")
     ap.add_argument("--memory-headroom", type=float, default=0.0,
                     help="rank only layouts leaving this share of GPU memory free (plan's default: 0.08)")
     args = ap.parse_args()
@@ -113,6 +188,10 @@ def main() -> int:
           + (f"{100 * statistics.median(tt):.1f}%, max {100 * max(tt):.1f}%" if tt else "-")
           + (f"; published layout in the top 3: {sum(1 for r in rows if r['rank'] and r['rank'] <= 3)} of {len(rows)}"
              if not args.no_rank else ""))
+    if args.check:
+        calib_points = [grouped[lab] for lab in calib_labels]
+        print_check_rows(check_rows(args.check, args.engine, args.check_engines, set(calib.keys()), calib_points,
+                                    args.memory_headroom))
     return 0
 
 

@@ -262,7 +262,11 @@ def test_the_matching_config_is_a_launch_config_for_this_gpu_generation(tmp_path
 
 
 def test_engine_and_submitter_names_of_an_imported_run(tmp_path):
-    from trainperf.mlperf.published import engine_name, submitter
+    from trainperf.mlperf.published import engine_name, round_name, round_ruleset, submitter
+
+    assert round_name(tmp_path / "training_results_v4.0" / "NVIDIA") == "v4.0"
+    assert round_ruleset(tmp_path / "v5.1" / "Cisco", "6.0.0") == "5.1.0"
+    assert round_ruleset(tmp_path / "results_v51" / "Cisco", "6.0.0") == "6.0.0"
 
     nemo_impl = tmp_path / "benchmarks" / "gpt3" / "implementations" / "eos_n8_ngc24.09_nemo" / "configs" / "config_a.sh"
     assert engine_name(nemo_impl, {}) == "nemo"

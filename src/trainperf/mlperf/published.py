@@ -133,10 +133,17 @@ def submission_org_dirs(path: Path) -> list[Path]:
     return found
 
 
+def round_name(org_dir: Path) -> str | None:
+    """The round of the folder above an org: v4.1 for a folder named v4.1 or ending in it (a checkout of
+    mlcommons/training_results_v4.1), else None."""
+    m = re.search(r"(?:^|[_-])v(\d+)\.(\d+)$", org_dir.parent.name)
+    return f"v{m.group(1)}.{m.group(2)}" if m else None
+
+
 def round_ruleset(org_dir: Path, default: str) -> str:
     """The training ruleset of the round folder above an org (v4.1 -> 4.1.0), else ``default``."""
-    m = re.fullmatch(r"v(\d+)\.(\d+)", org_dir.parent.name)
-    return f"{m.group(1)}.{m.group(2)}.0" if m else default
+    name = round_name(org_dir)
+    return f"{name[1:]}.0" if name else default
 
 
 # the engines a submission's folder or framework description may name, the more specific first
@@ -350,7 +357,7 @@ def read_submissions(paths: list[str], default_ruleset: str) -> tuple[list[Impor
 def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str) -> tuple[list[ImportedRun], list[str]]:
     """The runs of one results/<system>/<benchmark> folder, or why they cannot be imported."""
     system_name, benchmark = bench_dir.parent.name, bench_dir.name
-    where = f"{org_dir.parent.name}/{org_dir.name}/results/{system_name}/{benchmark}"
+    where = f"{round_name(org_dir) or org_dir.parent.name}/{org_dir.name}/results/{system_name}/{benchmark}"
     logs = sorted(bench_dir.glob("result_*.txt"), key=lambda p: [int(t) if t.isdigit() else t
                                                                  for t in re.split(r"(\d+)", p.name)])
     if not logs:
