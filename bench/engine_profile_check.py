@@ -41,8 +41,9 @@ def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
         return {(row["system"], row["benchmark"]): float(row["score_min"]) for row in csv.DictReader(fh)}
 
 
-def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int]:
-    """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them);
+def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int, float | None]:
+    """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them),
+    how many fit, and how much longer the planner predicts its step than the best layout's (0.02: 2%);
     ``headroom``: the share of GPU memory a layout must leave free to be ranked (plan's --memory-headroom)."""
     spec = point.spec
     p = spec.parallel
@@ -54,8 +55,15 @@ def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple
         q = c.spec.parallel
         if (q.tp, q.cp, q.pp, q.pp_stages_per_rank or 0, q.dp_shard * q.dp_replicate, c.spec.train.micro_batch_size,
                 c.spec.train.recompute) == want:
-            return i, len(fits)
-    return None, len(fits)
+            return i, len(fits), c.est.step_time_s / fits[0].est.step_time_s - 1
+    return None, len(fits), None
+
+
+def rank_text(r: dict) -> str:
+    """'14 of 2127 (+1.9%)': the rank, the layouts ranked, the predicted step against the best's."""
+    if not r["rank"]:
+        return f"not ranked (of {r['layouts']})"
+    return f"{r['rank']} of {r['layouts']}" + (f" (+{100 * r['gap']:.1f}%)" if r["rank"] > 1 else "")
 
 
 def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, calib_points: list,
@@ -89,27 +97,27 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
         minutes = [pt.time_to_train_s / 60 for pt, _ in members if pt.time_to_train_s]
         published_min = statistics.median(minutes) if minutes else None
         gpus = point.spec.parallel.tp * point.spec.parallel.cp * point.spec.parallel.pp * point.spec.parallel.dp_shard
-        rank, total = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node else (None, 0)
+        rank, total, gap = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node \
+            else (None, 0, None)
         rows.append({"label": f"{bench}@{gpus} {rnd} {org} {system}", "layout": point.label.split(" ", 1)[1],
                      "engine": engine_of, "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu,
                      "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
                      "published_min": published_min, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
-                     "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total})
+                     "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap})
     return rows
 
 
 def print_check_rows(rows: list[dict]) -> None:
     print("\n| published configuration | engine | layout | published tok/s/GPU | predicted | error | "
-          "median run, min | predicted min | error | published layout's rank |")
+          "median run, min | predicted min | error | published layout's rank (its step against the best's) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         pub = f"{r['published_min']:.2f}" if r["published_min"] else "-"
         ttt = f"{r['predicted_min']:.2f}" if r["predicted_min"] else "-"
         terr = f"{100 * r['ttt_error']:+.1f}%" if r["ttt_error"] is not None else "-"
-        rank = (f"{r['rank']} of {r['layouts']}" if r["rank"] else f"not ranked (of {r['layouts']})") \
-            if r["multi_node"] else "(one node)"
+        rank = rank_text(r) if r["multi_node"] else "(one node)"
         print(f"| {r['label']} | {r['engine']} | {r['layout']} | {r['published_tps']:,.0f} | {r['predicted_tps']:,.0f} | "
               f"{100 * r['tps_error']:+.1f}% | {pub} | {ttt} | {terr} | {rank} |")
     tps = [abs(r["tps_error"]) for r in rows]
@@ -164,12 +172,12 @@ def main() -> int:
         est = estimate(point.spec, gpu, point.gpus_per_node)
         samples = rcp_samples_at(point.spec, rounds[label].lstrip("v") + ".0")  # the run's own round's rules
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
-        rank, total = (None, 0) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
+        rank, total, gap = (None, 0, None) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
         rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",
                      "fit_on": len(fit_on), "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu, "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
                      "published_min": minutes[label], "predicted_min": ttt,
-                     "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total,
+                     "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total, "gap": gap,
                      "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib})
     print("| configuration (engine " + args.engine + ") | predicted by | published tok/s/GPU | predicted | error | "
           "published score, min | predicted min | error | published layout's rank | predicted GiB |")
@@ -177,7 +185,7 @@ def main() -> int:
     for r in rows:
         ttt = f"{r['predicted_min']:.2f}" if r["predicted_min"] else "-"
         terr = f"{100 * r['ttt_error']:+.1f}%" if r["ttt_error"] is not None else "-"
-        rank = "-" if args.no_rank else (f"{r['rank']} of {r['layouts']}" if r["rank"] else f"not ranked (of {r['layouts']})")
+        rank = "-" if args.no_rank else rank_text(r)
         print(f"| {r['label']} | {r['held_out']} ({r['fit_on']} points) | {r['published_tps']:,.0f} | "
               f"{r['predicted_tps']:,.0f} | {100 * r['tps_error']:+.1f}% | {r['published_min']:.2f} | {ttt} | {terr} | "
               f"{rank} | {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} |")

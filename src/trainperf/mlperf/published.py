@@ -147,7 +147,7 @@ def round_ruleset(org_dir: Path, default: str) -> str:
 
 
 # the engines a submission's folder or framework description may name, the more specific first
-ENGINE_WORDS = ("nemo", "megatron", "deepspeed", "maxtext", "paxml", "jax", "pytorch", "tensorflow", "mxnet")
+ENGINE_WORDS = ("nemo", "megatron", "deepspeed", "llmboost", "maxtext", "paxml", "jax", "pytorch", "tensorflow", "mxnet")
 
 
 def engine_name(config: Path | None, system: dict) -> str:
