@@ -606,12 +606,18 @@ def distributed_optimizer_seconds(spec: RunSpec, s: RankShape, gpu: GPU, gpus_pe
     data-parallel rank; once per step the bf16 gradients of the trained parameters are reduce-scattered
     and the updated ones all-gathered (one byte each with FP8 parameters), bucket by bucket under the
     last micro-batch's backward and the next step's first forward (overlap_grad_reduce,
-    overlap_param_gather). The data-parallel group includes the context-parallel ranks."""
+    overlap_param_gather). The data-parallel group includes the context-parallel ranks. Under the
+    interleaved schedule each of a rank's v model chunks reduces its gradients once its own last
+    backward is done and gathers its weights before its own first forward: the chunks finish p
+    chunk-steps apart through the cooldown (and start so through the next warm-up), which widens the
+    window from one micro-batch to 1 + (v - 1) p / v of them (Narayanan et al. 2021's schedule;
+    Megatron-core's per-chunk grad_sync_func / param_sync_func)."""
     p, d, t = spec.parallel, s.d, s.t
     param_bytes = 1.0 if spec.hardware.fp8 != "none" else 2.0
     dp_bytes = (d - 1) / d * (2.0 + param_bytes) * s.psi_train / t
     est.comm["dp"] = dp_bytes
-    return max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * t_micro)
+    window = t_micro * (1 + (s.v - 1) * s.pp / s.v) if s.pp > 1 else t_micro
+    return max(0.0, dp_bytes / group_busbw(gpu, gpus_per_node, t * s.c * p.dp_shard, d) - gpu.comm_overlap * window)
 
 
 def add_host_wait(spec: RunSpec, s: RankShape, gpu: GPU, est: Estimate) -> None:
