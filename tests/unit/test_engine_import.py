@@ -22,7 +22,7 @@ from trainperf.plan.engines import (
     fit_profile,
     group_points,
 )
-from trainperf.plan.costs import estimate, group_busbw
+from trainperf.plan.costs import Estimate, estimate, group_busbw
 from trainperf.plan.hardware import PRESETS
 from trainperf.plan.search import megatron_layout_ok, nearest_valid_counts, plan, valid_batch_sizes
 from trainperf.store.db import Store
@@ -163,6 +163,29 @@ def test_nvidia_405b_layout_is_valid_and_fits_80gb_under_megatron():
     assert megatron_layout_ok(spec)  # 126 layers + embedding and loss = 128 = 8 x 8 x 2
     est = estimate(spec, apply_profile(PRESETS["h100"], _nemo_like()), 8)
     assert est.fits and est.reserved_gib < 79
+
+
+def test_interleaved_chunks_widen_the_distributed_optimizers_overlap_window():
+    """Under the interleaved schedule each model chunk reduces its gradients after its own last
+    backward: the data-parallel traffic hides under 1 + (v - 1) p / v micro-batches, not one."""
+    from trainperf.plan.costs import distributed_optimizer_seconds, rank_shape
+
+    gpu = apply_profile(PRESETS["h100"], _nemo_like())
+    exposed = {}
+    for v in (1, 8):
+        spec = llama31_405b_defaults(1152)
+        p = spec.parallel
+        p.tp, p.sp, p.pp, p.cp, p.dp_shard = 8, True, 8, 1, 64
+        p.pp_schedule, p.pp_stages_per_rank = ("Interleaved1F1B", 8) if v > 1 else ("1F1B", 0)
+        spec.hardware.device, spec.hardware.fp8, spec.train.recompute = "cuda", "tensorwise", "none"
+        s = rank_shape(spec)
+        assert s.v == v
+        t_micro = 0.05
+        exposed[v] = distributed_optimizer_seconds(spec, s, gpu, 8, t_micro, Estimate())
+        traffic = exposed[1] + gpu.comm_overlap * t_micro  # exposed + hidden, one micro-batch window
+    assert exposed[1] > 0
+    assert exposed[8] == pytest.approx(max(0.0, traffic - gpu.comm_overlap * 0.05 * (1 + 7 * 8 / 8)))
+    assert exposed[8] < exposed[1]
 
 
 def test_search_at_scale_names_nearest_counts_and_covers_megatron_layouts():
