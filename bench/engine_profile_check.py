@@ -16,7 +16,8 @@ published layout among the planner's layouts for that engine at that GPU count a
 repositories' layout, e.g. a checkout of each): every H100/H200 configuration there of the profile's
 engine (``--check-engines all``: of any engine) that is not a calibration point is predicted by the
 profile of all calibration points and reported in a second table, one row per round, submitter,
-system and benchmark; its time to train is the median minutes of its successful runs.
+system and benchmark; its time to train is its MLPerf score (olympic mean of its runs, RCP-scaled, as
+`trainperf score` computes it under the round's rules), else the median of its successful runs.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def rank_text(r: dict) -> str:
     return f"{r['rank']} of {r['layouts']}" + (f" (+{100 * r['gap']:.1f}%)" if r["rank"] > 1 else "")
 
 
+def published_minutes(members: list, rnd: str) -> tuple[float | None, str]:
+    """(minutes, what they are) of one published configuration: its MLPerf score (olympic mean of its
+    runs, RCP-scaled, as `trainperf score` computes it under the round's rules) where its runs make
+    one, else the median of its successful runs."""
+    from trainperf.core.errors import SpecError
+    from trainperf.mlperf.score import read_run, score_runs
+
+    ruleset = rnd.lstrip("v") + ".0"
+    try:
+        score = score_runs([read_run(r.path, ruleset) for _, r in members], ruleset)
+    except SpecError:
+        score = None
+    if score is not None and score.score_minutes:
+        return score.score_minutes, "score"
+    minutes = [pt.time_to_train_s / 60 for pt, _ in members if pt.time_to_train_s]
+    return (statistics.median(minutes), "median run") if minutes else (None, "")
+
+
 def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, calib_points: list,
                headroom: float = 0.0) -> list[dict]:
     """Every H100/H200 configuration in ``dirs`` (not a calibration point) predicted by the profile of all
@@ -94,8 +113,7 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
         est = estimate(point.spec, gpu, point.gpus_per_node)
         samples = rcp_samples_at(point.spec, rnd.lstrip("v") + ".0")
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
-        minutes = [pt.time_to_train_s / 60 for pt, _ in members if pt.time_to_train_s]
-        published_min = statistics.median(minutes) if minutes else None
+        published_min, basis = published_minutes(members, rnd)
         gpus = point.spec.parallel.tp * point.spec.parallel.cp * point.spec.parallel.pp * point.spec.parallel.dp_shard
         rank, total, gap = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node \
             else (None, 0, None)
@@ -103,7 +121,7 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
                      "engine": engine_of, "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu,
                      "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
-                     "published_min": published_min, "predicted_min": ttt,
+                     "published_min": published_min, "minutes_basis": basis, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
                      "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap})
     return rows
@@ -111,10 +129,11 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
 
 def print_check_rows(rows: list[dict]) -> None:
     print("\n| published configuration | engine | layout | published tok/s/GPU | predicted | error | "
-          "median run, min | predicted min | error | published layout's rank (its step against the best's) |")
+          "published score, min | predicted min | error | published layout's rank (its step against the best's) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        pub = f"{r['published_min']:.2f}" if r["published_min"] else "-"
+        pub = (f"{r['published_min']:.2f}" + ("" if r.get("minutes_basis") == "score" else " (median run)")) \
+            if r["published_min"] else "-"
         ttt = f"{r['predicted_min']:.2f}" if r["predicted_min"] else "-"
         terr = f"{100 * r['ttt_error']:+.1f}%" if r["ttt_error"] is not None else "-"
         rank = rank_text(r) if r["multi_node"] else "(one node)"

@@ -252,12 +252,14 @@ def test_the_published_check_summary_counts_only_multi_node_ranks(capsys):
         return {"label": label, "engine": "nemo", "layout": "TP4 DP2 MBS 1 H100", "published_tps": 100.0,
                 "predicted_tps": 100.0 * (1 + err), "tps_error": err, "published_min": 10.0,
                 "predicted_min": 10.0 * (1 + ttt_err), "ttt_error": ttt_err, "multi_node": multi, "rank": rank,
-                "layouts": 50, "gap": 0.019 if rank and rank > 1 else None}
+                "layouts": 50, "gap": 0.019 if rank and rank > 1 else None,
+                "minutes_basis": "score" if multi else "median run"}
 
     print_check_rows([row("a@8", 0.02, -0.10, False, None), row("b@64", -0.04, 0.05, True, 2),
                       row("c@512", 0.20, 0.30, True, 9), row("d@1024", -0.06, 0.01, True, None)])
     out = capsys.readouterr().out
-    assert "| a@8 | nemo | TP4 DP2 MBS 1 H100 | 100 | 102 | +2.0% | 10.00 | 9.00 | -10.0% | (one node) |" in out
+    assert "| a@8 | nemo | TP4 DP2 MBS 1 H100 | 100 | 102 | +2.0% | 10.00 (median run) | 9.00 | -10.0% | (one node) |" in out
+    assert "| b@64 | nemo | TP4 DP2 MBS 1 H100 | 100 | 96 | -4.0% | 10.00 | 10.50 | +5.0% | 2 of 50 (+1.9%) |" in out
     assert "not ranked (of 50)" in out and "| 9 of 50 (+1.9%) |" in out
     assert ("checked configurations: 4; tokens/s per GPU median |error| 5.0%, max 20.0%; time to train median "
             "|error| 7.5%, max 30.0%; multi-node configurations with the published layout in the top 3: 1 of 3") in out
