@@ -29,7 +29,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from trainperf.mlperf.published import read_submissions
+from trainperf.core.layout import Layout
+from trainperf.mlperf.published import read_submissions, ruleset_of_round
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
 from trainperf.plan.search import plan, rcp_samples_at, time_to_train
@@ -42,20 +43,23 @@ def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
         return {(row["system"], row["benchmark"]): float(row["score_min"]) for row in csv.DictReader(fh)}
 
 
+def layout_key(spec) -> tuple:
+    """What tells two layouts apart for the rank: the degrees, virtual stages, MBS and recompute."""
+    p = spec.parallel
+    return (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, spec.train.micro_batch_size,
+            spec.train.recompute)
+
+
 def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int, float | None]:
     """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them),
     how many fit, and how much longer the planner predicts its step than the best layout's (0.02: 2%);
     ``headroom``: the share of GPU memory a layout must leave free to be ranked (plan's --memory-headroom)."""
     spec = point.spec
-    p = spec.parallel
-    fits, _ = plan(spec, gpu, p.tp * p.cp * p.pp * p.dp_shard * p.dp_replicate, point.gpus_per_node,
-                   headroom=headroom, megatron=megatron_ok)
-    want = (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, spec.train.micro_batch_size,
-            spec.train.recompute)
+    fits, _ = plan(spec, gpu, Layout.of(spec.parallel).world_size, point.gpus_per_node, headroom=headroom,
+                   megatron=megatron_ok)
+    want = layout_key(spec)
     for i, c in enumerate(fits, 1):
-        q = c.spec.parallel
-        if (q.tp, q.cp, q.pp, q.pp_stages_per_rank or 0, q.dp_shard * q.dp_replicate, c.spec.train.micro_batch_size,
-                c.spec.train.recompute) == want:
+        if layout_key(c.spec) == want:
             return i, len(fits), c.est.step_time_s / fits[0].est.step_time_s - 1
     return None, len(fits), None
 
@@ -74,7 +78,7 @@ def published_minutes(members: list, rnd: str) -> tuple[float | None, str]:
     from trainperf.core.errors import SpecError
     from trainperf.mlperf.score import read_run, score_runs
 
-    ruleset = rnd.lstrip("v") + ".0"
+    ruleset = ruleset_of_round(rnd)
     try:
         score = score_runs([read_run(r.path, ruleset) for _, r in members], ruleset)
     except SpecError:
@@ -88,7 +92,7 @@ def published_minutes(members: list, rnd: str) -> tuple[float | None, str]:
 def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, calib_points: list,
                headroom: float = 0.0) -> list[dict]:
     """Every H100/H200 configuration in ``dirs`` (not a calibration point) predicted by the profile of all
-    calibration points: one row per (round, submitter, system, benchmark), its median run."""
+    calibration points: one row per (round, submitter, system, benchmark), priced at its median run."""
     runs, problems = read_submissions(dirs, "6.0.0")
     print(f"checked folders: {len(runs)} runs read, {len(problems)} logs not imported", file=sys.stderr)
     profile = fit_profile(engine, calib_points)
@@ -111,10 +115,10 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
         engine_of = members[0][1].engine
         gpu = apply_profile(point.gpu, profile)
         est = estimate(point.spec, gpu, point.gpus_per_node)
-        samples = rcp_samples_at(point.spec, rnd.lstrip("v") + ".0")
+        samples = rcp_samples_at(point.spec, ruleset_of_round(rnd))
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
         published_min, basis = published_minutes(members, rnd)
-        gpus = point.spec.parallel.tp * point.spec.parallel.cp * point.spec.parallel.pp * point.spec.parallel.dp_shard
+        gpus = Layout.of(point.spec.parallel).world_size
         rank, total, gap = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node \
             else (None, 0, None)
         rows.append({"label": f"{bench}@{gpus} {rnd} {org} {system}", "layout": point.label.split(" ", 1)[1],
@@ -189,7 +193,7 @@ def main() -> int:
         profile = fit_profile(args.engine, fit_on)
         gpu = apply_profile(point.gpu, profile)
         est = estimate(point.spec, gpu, point.gpus_per_node)
-        samples = rcp_samples_at(point.spec, rounds[label].lstrip("v") + ".0")  # the run's own round's rules
+        samples = rcp_samples_at(point.spec, ruleset_of_round(rounds[label]))  # the run's own round's rules
         ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
         rank, total, gap = (None, 0, None) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
         rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",

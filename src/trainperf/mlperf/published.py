@@ -140,10 +140,15 @@ def round_name(org_dir: Path) -> str | None:
     return f"v{m.group(1)}.{m.group(2)}" if m else None
 
 
+def ruleset_of_round(name: str) -> str:
+    """The training ruleset of a round: v4.1 -> 4.1.0."""
+    return f"{name.lstrip('v')}.0"
+
+
 def round_ruleset(org_dir: Path, default: str) -> str:
     """The training ruleset of the round folder above an org (v4.1 -> 4.1.0), else ``default``."""
     name = round_name(org_dir)
-    return f"{name[1:]}.0" if name else default
+    return ruleset_of_round(name) if name else default
 
 
 # the engines a submission's folder or framework description may name, the more specific first
@@ -303,16 +308,15 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
     return None, {}, "; ".join(reasons) or "no config_*.sh under benchmarks/<benchmark>/"
 
 
-def recipe_seq_len(benchmark: str) -> int:
-    """The sequence length of a benchmark's recipe (for logs that do not log max_sequence_length)."""
+def recipe_spec(benchmark: str, gbs: int) -> RunSpec:
+    """The benchmark's recipe (the pretraining recipes take the GBS, which sets their schedule)."""
     recipe = RECIPES[benchmark]
-    return (recipe(1) if benchmark in ("gpt3", "llama31_405b") else recipe()).data.seq_len
+    return recipe(gbs) if benchmark in ("gpt3", "llama31_405b") else recipe()
 
 
 def run_spec(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> RunSpec:
     """The run as a trainperf spec: the benchmark's recipe at this GBS with the published layout."""
-    recipe = RECIPES[benchmark]
-    spec = recipe(gbs) if benchmark in ("gpt3", "llama31_405b") else recipe()
+    spec = recipe_spec(benchmark, gbs)
     spec.train.global_batch_size, spec.train.micro_batch_size = gbs, lay["mbs"]
     if seq_len:
         spec.data.seq_len = seq_len
@@ -406,17 +410,16 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
     stats = tracked_stats(loglines)
+    seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
     step_s, basis = step_seconds_from_stats(stats, gbs) if gbs else (None, "")
     if step_s is None and gbs:
-        logged_seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
-        step_s, basis = step_seconds_from_blocks(loglines, gbs, logged_seq or recipe_seq_len(benchmark))
+        step_s, basis = step_seconds_from_blocks(loglines, gbs, seq or recipe_spec(benchmark, gbs).data.seq_len)
     if step_s is None:
         item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput, and not "
                             "two training blocks with an epoch_count of whole steps)")
     if item.missing:
         return item
     item.engine = engine_name(config, system) or "unknown"
-    seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
     spec = run_spec(benchmark, gbs, seq, lay)
     seq = spec.data.seq_len
     tokens_per_s = gbs * seq / step_s
