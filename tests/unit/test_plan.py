@@ -332,6 +332,22 @@ def test_gpt3_is_planned_with_its_last_rulesets_rcps_in_sequences():
     assert rcp_batch_sizes(spec)[:2] == [1536, 2048]
 
 
+def test_every_gbs_the_rcp_list_offers_has_samples_to_converge():
+    """gpt3's RCP at GBS 1536 is pruned from the checker's set (2048 converges in fewer samples), yet it
+    was measured at 1536: plan prices 1536 with it rather than refusing the recipe's own GBS."""
+    from trainperf.mlperf.recipes import RECIPES
+    from trainperf.mlperf.score import rcp_reference_samples
+    from trainperf.plan.search import rcp_batch_sizes, rcp_samples
+
+    spec = RECIPES["gpt3"]()
+    for gbs in rcp_batch_sizes(spec):
+        spec.train.global_batch_size = gbs
+        assert rcp_samples(spec), gbs
+    samples, how = rcp_reference_samples("gpt3", 1536, "4.1.0")
+    assert how == "rcp gpt3_ref_1536 (pruned)" and samples > rcp_reference_samples("gpt3", 2048, "4.1.0")[0]
+    assert rcp_reference_samples("gpt3", 1024, "4.1.0") is None  # below every RCP: none to price it with
+
+
 def test_time_to_train_counts_the_evals_on_the_way():
     from trainperf.plan.search import time_to_train
     from trainperf.core.layout import resolve_layout

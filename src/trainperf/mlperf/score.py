@@ -458,15 +458,19 @@ def _rcp_reference(checker, bs) -> tuple[str | None, dict | None, str]:
 
 def rcp_reference_samples(benchmark: str, gbs: int, ruleset: str = DEFAULT_RULESET) -> tuple[float, str] | None:
     """(olympic-mean samples to converge, how it was found) of the reference a closed submission at this
-    GBS is compared with -- an RCP, or one interpolated between two -- or None when there is none."""
+    GBS is compared with -- an RCP, or one interpolated between two; below the smallest RCP pruning kept,
+    the pruned RCP measured at this GBS -- or None when there is none."""
     from mlperf_logging.rcp_checker import rcp_checker
 
     try:
         with captured_logging():
             checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, False)
             name, ref, kind = _rcp_reference(checker, gbs)
+            own = checker._find_rcp(gbs, "full_rcps")
     except Exception:  # no RCP file for this benchmark / ruleset
         return None
+    if kind == "smallest-gbs rcp" and own is not None:  # pruned from the checker's set, yet measured at this GBS
+        return float(own["RCP Mean"]), f"rcp {next(n for n, c in checker._get_rcp_data('full_rcps').items() if c is own)} (pruned)"
     if ref is None or kind == "smallest-gbs rcp":
         return None
     return float(ref["RCP Mean"]), f"{kind} {name}"
