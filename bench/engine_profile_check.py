@@ -18,18 +18,22 @@ engine (``--check-engines all``: of any engine) that is not a calibration point 
 profile of all calibration points and reported in a second table, one row per round, submitter,
 system and benchmark; its time to train is its MLPerf score (olympic mean of its runs, RCP-scaled, as
 `trainperf score` computes it under the round's rules), else the median of its successful runs.
+``--eval-cost-probe`` then fits a fixed cost per run and per eval to the calibration points' scores and
+shows what it would do to those times to train (a candidate term, not in the model).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import csv
+import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
 from trainperf.core.layout import Layout
+from trainperf.core.spec import eval_interval_samples, eval_skip_count
 from trainperf.mlperf.published import read_submissions, ruleset_of_round
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
@@ -89,6 +93,32 @@ def published_minutes(members: list, rnd: str) -> tuple[float | None, str]:
     return (statistics.median(minutes), "median run") if minutes else (None, "")
 
 
+def evals_to(spec, samples: float | None) -> int:
+    """Evals on the way to ``samples`` (time_to_train's count)."""
+    return max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec)) if samples else 0
+
+
+def eval_cost_probe(fitted_on: list[dict], checked: list[dict]) -> None:
+    """A fixed cost per run (W step times) and per eval (E seconds) on top of the planner's time to train,
+    fitted by least squares on log(predicted / published) of ``fitted_on``; prints W, E and the time-to-train
+    errors over ``checked`` without and with them (a candidate term, not part of the model)."""
+    from scipy.optimize import least_squares
+
+    def errors(x, rows):
+        w, e = x
+        return [math.log((60 * r["predicted_min"] + w * r["step_s"] + e * r["evals"]) / (60 * r["published_min"]))
+                for r in rows if r["predicted_min"] and r["published_min"]]
+
+    w, e = least_squares(lambda x: errors(x, fitted_on), [1.0, 1.0], bounds=([0, 0], [100, 100])).x
+    print(f"\neval-cost probe: fitted to {len(fitted_on)} calibration points' scores: W = {w:.2f} step times per run, "
+          f"E = {e:.2f} s per eval")
+    for label, x in (("without", (0.0, 0.0)), ("with", (w, e))):
+        errs = [abs(math.exp(v) - 1) for v in errors(x, checked)]
+        worst = max(zip(errs, [r["label"] for r in checked if r["predicted_min"] and r["published_min"]]))
+        print(f"  {label}: time to train median |error| {100 * statistics.median(errs):.1f}%, max "
+              f"{100 * worst[0]:.1f}% ({worst[1]})")
+
+
 def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, calib_points: list,
                headroom: float = 0.0) -> list[dict]:
     """Every H100/H200 configuration in ``dirs`` (not a calibration point) predicted by the profile of all
@@ -127,7 +157,8 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
                      "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
                      "published_min": published_min, "minutes_basis": basis, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
-                     "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap})
+                     "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap,
+                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples)})
     return rows
 
 
@@ -163,6 +194,9 @@ def main() -> int:
                     help="more round folders of published results, predicted and never fitted on")
     ap.add_argument("--check-engines", default="profile", choices=["profile", "all"],
                     help="which engines' runs --check predicts: the profile's (default) or all")
+    ap.add_argument("--eval-cost-probe", action="store_true",
+                    help="fit a fixed cost per run and per eval to the calibration points' scores and show what it "
+                         "does to the --check rows' time to train (a candidate term, not in the model)")
     ap.add_argument("--memory-headroom", type=float, default=0.0,
                     help="rank only layouts leaving this share of GPU memory free (plan's default: 0.08)")
     args = ap.parse_args()
@@ -201,7 +235,8 @@ def main() -> int:
                      "predicted_tps": est.tokens_per_s_per_gpu, "tps_error": est.tokens_per_s_per_gpu / point.tokens_per_s_per_gpu - 1,
                      "published_min": minutes[label], "predicted_min": ttt,
                      "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total, "gap": gap,
-                     "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib})
+                     "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib,
+                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples)})
     print("| configuration (engine " + args.engine + ") | predicted by | published tok/s/GPU | predicted | error | "
           "published score, min | predicted min | error | published layout's rank | predicted GiB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -221,8 +256,11 @@ def main() -> int:
              if not args.no_rank else ""))
     if args.check:
         calib_points = [grouped[lab] for lab in calib_labels]
-        print_check_rows(check_rows(args.check, args.engine, args.check_engines, set(calib.keys()), calib_points,
-                                    args.memory_headroom))
+        checked = check_rows(args.check, args.engine, args.check_engines, set(calib.keys()), calib_points,
+                             args.memory_headroom)
+        print_check_rows(checked)
+        if args.eval_cost_probe:
+            eval_cost_probe([r for r in rows if r["held_out"] != "not fitted"], checked)
     return 0
 
 
