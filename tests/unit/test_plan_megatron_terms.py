@@ -1,11 +1,13 @@
 """The cost model's terms for a Megatron / Transformer Engine engine (NeMo): the CP ring's per-step
 cost, the attention rate at a CP rank's local query length, the ring's slowest hop across nodes,
 overlapped pipeline sends, FP8 storage of the MLP's up-projection outputs, the embedding and loss
-counted as pipeline layers, TP only inside the NVLink domain. In-process, no GPU."""
+counted as pipeline layers, TP only inside the NVLink domain, float8 GEMMs priced by shape from a
+measured grid. In-process, no GPU."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -111,3 +113,63 @@ def test_megatron_tp_stays_inside_the_nvlink_domain():
     tps = {o["parallel.tp"] for o in megatron_layouts(spec, 16, 8, nvlink_domain=4)}
     assert max(tps) == 4
     assert max(o["parallel.tp"] for o in megatron_layouts(spec, 16, 8)) == 8
+
+
+def _flat_grid(path, rate: float = 1000.0, sizes=(1024, 4096)):
+    path.write_text(json.dumps({"sizes": list(sizes), "gemm_fp8_tflops": {
+        f"{m}x{k}x{n}": rate for m in sizes for k in sizes for n in sizes}}))
+    return str(path)
+
+
+def test_fp8_grid_is_exact_on_its_points_log_linear_between_and_held_at_its_edges(tmp_path):
+    from trainperf.plan.kernels import Fp8GemmGrid
+
+    sizes = (1024, 4096)
+    rates = {f"{m}x{k}x{n}": (500.0 if m == 1024 else 1000.0) for m in sizes for k in sizes for n in sizes}
+    grid = Fp8GemmGrid({"sizes": list(sizes), "gemm_fp8_tflops": rates})
+    assert grid.relative(1024, 4096, 4096) == pytest.approx(0.5)
+    assert grid.relative(4096, 1024, 1024) == pytest.approx(1.0)
+    assert grid.relative(2048, 4096, 4096) == pytest.approx(0.75)  # halfway in log2 between 1024 and 4096
+    assert grid.relative(64, 4096, 4096) == pytest.approx(0.5) and grid.relative(1 << 20, 1024, 1024) == 1.0
+    del rates["4096x4096x1024"]
+    with pytest.raises(ValueError, match="1 missing"):
+        Fp8GemmGrid({"sizes": list(sizes), "gemm_fp8_tflops": rates})
+
+
+def test_fp8_grid_prices_the_same_flops_as_the_flat_rate_when_its_rates_are_flat(tmp_path):
+    """The per-GEMM sum over layer_gemms counts the FLOPs the flat rate prices, so a flat grid changes nothing."""
+    spec = _lora_70b(tp=4, cp=2, dp=1)
+    nemo = _nemo_gpu(fp8_gemm_grid="")
+    flat = estimate(spec, nemo, 8)
+    gridded = estimate(spec, dataclasses.replace(nemo, fp8_gemm_grid=_flat_grid(tmp_path / "g.json")), 8)
+    assert gridded.time["gemm"] == pytest.approx(flat.time["gemm"], rel=1e-9)
+
+
+def test_fitted_engines_price_float8_gemms_by_shape_from_the_h200_grid():
+    """Measured on an H200 (bench/fp8_gemm_grid.py): gpt3's TP4 projections over 4,096 tokens (MBS 2) run
+    faster per FLOP than over 2,048 (their weight gradients reduce over twice the tokens)."""
+    from trainperf.mlperf.recipes import RECIPES
+
+    assert _nemo_gpu().fp8_gemm_grid == "h200" and PRESETS["h100"].fp8_gemm_grid == ""
+    nemo = _nemo_gpu()
+    per_sequence = {}
+    for mbs in (1, 2):
+        spec = RECIPES["gpt3"]()
+        p = spec.parallel
+        p.tp, p.sp, p.pp, p.pp_schedule, p.pp_stages_per_rank, p.dp_shard, p.dp_replicate = 4, True, 8, "Interleaved1F1B", 6, 16, 1
+        spec.train.global_batch_size, spec.train.micro_batch_size = 2048, mbs
+        spec.hardware.device, spec.hardware.fp8 = "cuda", "tensorwise"
+        per_sequence[mbs] = estimate(spec, nemo, 8).time["gemm"]
+    assert per_sequence[2] < per_sequence[1] * 0.98  # same FLOPs per step, 2-5% fewer seconds
+
+
+def test_yaml_gpu_file_can_name_an_fp8_grid(tmp_path):
+    from trainperf.core.errors import SpecError
+    from trainperf.plan.hardware import load_gpu
+
+    _flat_grid(tmp_path / "g.json")
+    (tmp_path / "gpu.yaml").write_text("base: h100\nfp8_gemm_grid: g.json\n")
+    assert load_gpu(str(tmp_path / "gpu.yaml")).fp8_gemm_grid == str(tmp_path / "g.json")
+    (tmp_path / "bad.yaml").write_text("base: h100\nfp8_gemm_grid: missing.json\n")
+    with pytest.raises(SpecError, match="not a readable float8 grid"):
+        load_gpu(str(tmp_path / "bad.yaml"))

@@ -27,7 +27,7 @@ from trainperf.core.layout import (
 from trainperf.core.spec import RunSpec
 from trainperf.model.lora_layout import mask_record_bytes
 from trainperf.plan.hardware import GPU
-from trainperf.plan.kernels import load_table
+from trainperf.plan.kernels import load_fp8_grid, load_table
 
 GIB = 2**30
 PINNED_HOST_SHARE = 0.5  # of a node's memory that offloaded activations may pin (train.offload_layers)
@@ -438,7 +438,7 @@ def compute_seconds(spec: RunSpec, s: RankShape, gpu: GPU) -> MicroBatchSeconds:
         t_layers = flops_layers / (peak * gpu.gemm_eff)
         t_lin = flops_lin / (peak * gpu.gemm_eff)
     if spec.hardware.fp8 != "none":  # the decoder layers' base GEMMs in float8 (LM head, adapters: bf16)
-        t_lin += flops_layers / (gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff) - t_layers
+        t_lin += fp8_layer_gemm_seconds(spec, s, gpu, flops_layers) - t_layers
         cast_bytes = gpu.fp8_cast_bytes_compiled if tr.compile else gpu.fp8_cast_bytes_eager
         t_lin += fp8_cast_elements(spec, tokens_mb, t) * s.L_rank * cast_bytes / (gpu.hbm_tbps * 1e12)
     if table is not None:  # ring attention: each rank computes 1/c of the causal work, in chunks
@@ -452,6 +452,16 @@ def compute_seconds(spec: RunSpec, s: RankShape, gpu: GPU) -> MicroBatchSeconds:
     if tr.compile:
         t_other *= gpu.compile_other_factor
     return MicroBatchSeconds(gemm=t_lin, attention=t_attn, elementwise=t_other)
+
+
+def fp8_layer_gemm_seconds(spec: RunSpec, s: RankShape, gpu: GPU, flops_layers: float) -> float:
+    """The stage's decoder-layer projections in float8: at fp8_gemm_eff of the float8 peak, scaled at
+    each GEMM's shape by the GPU's measured float8 grid (gpu.fp8_gemm_grid) where it has one."""
+    rate = gpu.fp8_tflops * 1e12 * gpu.fp8_gemm_eff
+    if not gpu.fp8_gemm_grid:
+        return flops_layers / rate
+    grid = load_fp8_grid(gpu.fp8_gemm_grid)
+    return s.L_rank * sum(2.0 * m * k * n / (rate * grid.relative(m, k, n)) for m, k, n in layer_gemms(spec, s.tokens_mb))
 
 
 def attention_length_efficiency(gpu: GPU, local_queries: float) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainperf.core.errors import SpecError
 from trainperf.core.hardware import DATASHEETS, Datasheet
-from trainperf.plan.kernels import load_table
+from trainperf.plan.kernels import load_fp8_grid, load_table
 
 
 DATA_PARALLEL_MODES = ("fsdp2", "distributed_optimizer")
@@ -146,6 +146,10 @@ class GPU(Datasheet):
     # machine that measures a different gemm_eff (and no table of its own) scales the table's GEMM
     # rates by gemm_eff / kernel_table_gemm_eff -- a slow GPU stays slow under the packaged table
     kernel_table_gemm_eff: float = 0.0
+    # measured float8 GEMM rates on a grid of shapes (plan/kernels.py Fp8GemmGrid: a packaged name or a
+    # JSON file from bench/fp8_gemm_grid.py); when set, the float8 projections run at fp8_gemm_eff times
+    # the grid's rate at their shape over its best, not at one flat fp8_gemm_eff
+    fp8_gemm_grid: str = ""
 
 
 def scale_host_time(gpu: GPU, scale: float) -> GPU:
@@ -206,6 +210,21 @@ def _checked_kernel_table(value, base_dir: Path, source: str) -> str:
     return str(path)
 
 
+def _checked_fp8_grid(value, base_dir: Path, source: str) -> str:
+    """A YAML ``fp8_gemm_grid``: empty for none, a packaged name, or a JSON file (relative to the YAML)."""
+    if value in (None, ""):
+        return ""
+    path = Path(str(value))
+    if path.suffix and not path.is_absolute():
+        path = base_dir / path
+    try:
+        load_fp8_grid(str(path))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError(f"--gpu {source!r}: fp8_gemm_grid {value!r} is not a readable float8 grid "
+                        f"({type(exc).__name__}: {exc}); write one with bench/fp8_gemm_grid.py") from None
+    return str(path)
+
+
 def preset_for_device(device_name: str) -> GPU | None:
     """The preset for a device name such as 'NVIDIA H200' or 'NVIDIA H200 NVL' (None for unknown
     devices): the longest key whose words all appear in the name ('h200-nvl' beats 'h200'; the
@@ -239,13 +258,16 @@ def load_gpu(name_or_file: str) -> GPU:
     if bad:
         raise SpecError(f"--gpu {name_or_file!r}: unknown fields {bad}; valid: {', '.join(fields)}")
     try:
-        values = {k: (str(v) if k in ("name", "data_parallel") else v if k == "kernel_table" else float(v))
-                  for k, v in data.items()}
+        values = {k: (str(v) if k in ("name", "data_parallel") else v if k in ("kernel_table", "fp8_gemm_grid")
+                      else float(v)) for k, v in data.items()}
     except (TypeError, ValueError):
-        raise SpecError(f"--gpu {name_or_file!r}: every field but name, data_parallel and kernel_table must be a number") from None
+        raise SpecError(f"--gpu {name_or_file!r}: every field but name, data_parallel, kernel_table and fp8_gemm_grid "
+                        "must be a number") from None
     if values.get("data_parallel", "fsdp2") not in DATA_PARALLEL_MODES:
         raise SpecError(f"--gpu {name_or_file!r}: data_parallel {values['data_parallel']!r}; valid: "
                         f"{', '.join(DATA_PARALLEL_MODES)}")
     if "kernel_table" in values:
         values["kernel_table"] = _checked_kernel_table(values["kernel_table"], p.parent, name_or_file)
+    if "fp8_gemm_grid" in values:
+        values["fp8_gemm_grid"] = _checked_fp8_grid(values["fp8_gemm_grid"], p.parent, name_or_file)
     return _cluster(base, **values)  # nic_gbps x nic_efficiency, when given, sets the inter-node busbw

@@ -91,3 +91,58 @@ class KernelTable:
 def _attention_rates(raw: dict | None) -> dict[tuple, tuple[float, float]]:
     """{(heads, kv_heads, head_dim, seq): (forward, backward) FLOP/s} from a table's TFLOP/s entries."""
     return {tuple(int(x) for x in key.split("x")): (fwd * 1e12, bwd * 1e12) for key, (fwd, bwd) in (raw or {}).items()}
+
+
+@functools.lru_cache(maxsize=8)
+def load_fp8_grid(name_or_path: str) -> "Fp8GemmGrid":
+    """A packaged float8 grid by name (``h200``) or a JSON file written by bench/fp8_gemm_grid.py."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PACKAGED / f"{name_or_path}_fp8_gemm.json"
+    with open(path) as fh:
+        return Fp8GemmGrid(json.load(fh))
+
+
+class Fp8GemmGrid:
+    """Tensorwise float8 GEMM rates on a full M x K x N grid: how fast a shape runs against the grid's
+    best, interpolated linearly in log2 of each size between grid points and held at the edges (a
+    flat efficiency prices a token-deep weight gradient or a projection split eight ways as fast as a
+    large square GEMM; measured on an H200 they run 2-5% slower per FLOP, bench/fp8_gemm_grid.py)."""
+
+    def __init__(self, raw: dict):
+        self.device = raw.get("device", "?")
+        self.sizes = sorted(int(s) for s in raw["sizes"])
+        self.rate = {tuple(int(x) for x in key.split("x")): float(r) for key, r in raw["gemm_fp8_tflops"].items()}
+        missing = [(m, k, n) for m in self.sizes for k in self.sizes for n in self.sizes if (m, k, n) not in self.rate]
+        if missing or min(self.rate.values()) <= 0:
+            raise ValueError(f"a float8 grid needs a positive rate at every size cubed ({len(missing)} missing)")
+        self.best = max(self.rate.values())
+        self._log = [math.log2(s) for s in self.sizes]
+        self._memo: dict[tuple, float] = {}
+
+    def _bracket(self, x: float) -> tuple[int, int, float]:
+        """(lower index, upper index, weight of the upper) of log2(x) among the grid sizes, held at the edges."""
+        lx = math.log2(max(x, 1.0))
+        if lx <= self._log[0]:
+            return 0, 0, 0.0
+        if lx >= self._log[-1]:
+            return len(self._log) - 1, len(self._log) - 1, 0.0
+        i = next(j for j in range(1, len(self._log)) if lx <= self._log[j]) - 1
+        return i, i + 1, (lx - self._log[i]) / (self._log[i + 1] - self._log[i])
+
+    def relative(self, m: float, k: float, n: float) -> float:
+        """The rate of [m, k] @ [k, n] as a share of the grid's best rate."""
+        key = (m, k, n)
+        if key not in self._memo:
+            brackets = [self._bracket(x) for x in key]
+            total = 0.0
+            for corner in range(8):
+                weight, idx = 1.0, []
+                for axis, (lo, hi, w) in enumerate(brackets):
+                    upper = corner >> axis & 1
+                    weight *= w if upper else 1.0 - w
+                    idx.append(hi if upper else lo)
+                if weight:
+                    total += weight * self.rate[tuple(self.sizes[i] for i in idx)]
+            self._memo[key] = total / self.best
+        return self._memo[key]

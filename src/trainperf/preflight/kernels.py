@@ -120,6 +120,44 @@ def measure_kernel_table(device: str = "cuda", iters: int = 10, models: dict | N
     return table
 
 
+# float8 GEMM grid: every M x K x N over these sizes (tokens, model widths after a TP split, and the
+# token-deep reduction of a weight gradient all fall inside it); plan/kernels.py interpolates between them
+FP8_GRID_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
+CPU_FP8_GRID_SIZES = (32, 64)
+
+
+def measure_fp8_gemm_grid(device: str = "cuda", iters: int = 5, sizes: tuple[int, ...] | None = None,
+                          rounds: int = 3) -> dict:
+    """Tensorwise-scaled float8 (e4m3) GEMM rates, bf16 output, as Transformer Engine's and torchao's
+    float8 linears call cuBLASLt (torch._scaled_mm: row-major A, column-major B), on the full grid of
+    ``sizes`` cubed, keyed MxKxN; each shape timed behind queued work (the kernel alone, as an engine
+    that captures CUDA graphs runs it) in ``rounds`` passes over the grid, the median kept, so that a
+    clock or power drift over the sweep does not land on one part of the grid."""
+    cuda = device == "cuda"
+    sizes = sizes or (FP8_GRID_SIZES if cuda else CPU_FP8_GRID_SIZES)
+    timed = _timer(device, queue_ahead=cuda)
+    fp8 = torch.float8_e4m3fn
+    one = torch.ones((), device=device)
+    t0 = time.perf_counter()
+    shapes = [(m, k, n) for m in sizes for k in sizes for n in sizes]
+    runs: dict[tuple[int, int, int], list[float]] = {s: [] for s in shapes}
+    for _ in range(rounds):
+        for m, k, n in shapes:
+            a = torch.randn(m, k, device=device).to(fp8)
+            b = torch.randn(n, k, device=device).to(fp8).t()
+            if cuda:
+                fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+            else:  # CPU has no float8 GEMM: the same product through bf16 exercises the path
+                fn = lambda: a.to(torch.bfloat16) @ b.to(torch.bfloat16)  # noqa: E731
+            runs[(m, k, n)].append(2 * m * k * n / timed(fn, iters) / 1e12)
+            del a, b
+    gemm = {"x".join(map(str, s)): _sig(sorted(r)[len(r) // 2]) for s, r in runs.items()}
+    return {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+            "dtype": "float8_e4m3fn, tensorwise scales, bf16 out", "sizes": list(sizes), "gemm_fp8_tflops": gemm,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "note": "key MxKxN ([M,K]@[K,N]); median of the rounds; each call timed behind queued work"}
+
+
 def flash4_in_sdpa_frame(sdpa: dict, sdpa_queued: dict, fa4_queued: dict) -> dict:
     """FA4's rates in the frame of an SDPA column timed without queued work: SDPA's rate times FA4 /
     SDPA as both kernels run behind queued work. FA4's launch path (~0.2 ms forward, ~0.6 ms
