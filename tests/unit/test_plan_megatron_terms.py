@@ -170,6 +170,8 @@ def test_yaml_gpu_file_can_name_an_fp8_grid(tmp_path):
     _flat_grid(tmp_path / "g.json")
     (tmp_path / "gpu.yaml").write_text("base: h100\nfp8_gemm_grid: g.json\n")
     assert load_gpu(str(tmp_path / "gpu.yaml")).fp8_gemm_grid == str(tmp_path / "g.json")
+    own = apply_profile(load_gpu(str(tmp_path / "gpu.yaml")), EngineProfile("nemo", {k: v[1] for k, v in FACTORS.items()}))
+    assert own.fp8_gemm_grid == str(tmp_path / "g.json")  # a fitted engine keeps the GPU's own grid
     (tmp_path / "bad.yaml").write_text("base: h100\nfp8_gemm_grid: missing.json\n")
     with pytest.raises(SpecError, match="not a readable float8 grid"):
         load_gpu(str(tmp_path / "bad.yaml"))

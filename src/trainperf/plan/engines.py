@@ -52,8 +52,9 @@ FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown"
                     # NeMo's embedding and loss counted as pipeline layers (126 + 2 over PP8 x VP8)
                     "asymmetric_stages": 1.0}
 # float8 GEMM rates by shape for fitted engines (Transformer Engine's float8 linears call the same
-# cuBLASLt kernels the grid times): measured on an H200 and used for the H100 too -- the same GH100 die
-# and 132 SMs, so the same tiles and waves -- as a share of the grid's best; gemm_eff sets the level
+# cuBLASLt kernels the grid times), unless the GPU names its own: measured on an H200 and used for the
+# H100 too -- the same GH100 die and 132 SMs, so the same tiles and waves -- as a share of the grid's
+# best; gemm_eff sets the level
 FP8_GEMM_GRID = "h200"
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
@@ -88,7 +89,8 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         attn_half_rate_tokens=FIXED_FOR_FITTED["attn_half_rate_tokens"],
         pp_p2p_overlapped=FIXED_FOR_FITTED["pp_p2p_overlapped"],
         fp8_activation_storage=FIXED_FOR_FITTED["fp8_activation_storage"],
-        asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"], fp8_gemm_grid=FP8_GEMM_GRID)
+        asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"],
+        fp8_gemm_grid=gpu.fp8_gemm_grid or FP8_GEMM_GRID)  # a GPU YAML's own grid, else the H200's
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
 
 
