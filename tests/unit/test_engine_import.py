@@ -188,6 +188,25 @@ def test_interleaved_chunks_widen_the_distributed_optimizers_overlap_window():
     assert exposed[8] < exposed[1]
 
 
+def test_megatron_lora_layouts_keep_micro_batch_one_and_pretraining_may_raise_it():
+    """NeMo fine-tunes on packed sequences and refuses a micro-batch above 1 there; pretraining takes MBS 2."""
+    lora = llama2_70b_lora_defaults()
+    lora.parallel.tp, lora.parallel.sp, lora.parallel.dp_shard = 4, True, 2
+    lora.hardware.device = "cuda"
+    assert megatron_layout_ok(lora)
+    lora.train.micro_batch_size = 2
+    assert not megatron_layout_ok(lora)
+    fits, _ = plan(llama2_70b_lora_defaults(), apply_profile(PRESETS["h200"], _nemo_like()), 32, 8,
+                   gbs_values=[8, 16], megatron=True)
+    assert fits and {c.spec.train.micro_batch_size for c in fits} == {1}
+    pre = llama31_405b_defaults(1152)
+    p = pre.parallel
+    p.tp, p.sp, p.pp, p.cp, p.dp_shard = 8, True, 8, 2, 4
+    p.pp_schedule, p.pp_stages_per_rank = "Interleaved1F1B", 8
+    pre.train.micro_batch_size = 2
+    assert megatron_layout_ok(pre)
+
+
 def test_search_at_scale_names_nearest_counts_and_covers_megatron_layouts():
     spec = llama2_70b_lora_defaults()
     spec.hardware.fp8, spec.hardware.frozen_dtype = "tensorwise", "fp8"

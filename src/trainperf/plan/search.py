@@ -141,8 +141,11 @@ def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: l
 def megatron_layout_ok(spec: RunSpec) -> bool:
     """Megatron's own constraints: heads and KV heads split over TP, the sequence into 2 x CP chunks,
     the layers (plus the embedding and loss as stages of their own, NeMo's asymmetric pipeline) over
-    PP x virtual stages, at least PP micro-batches per step."""
+    PP x virtual stages, at least PP micro-batches per step; LoRA fine-tuning at micro-batch 1 (NeMo
+    fine-tunes on packed sequences, and its fine-tuning data module refuses a larger micro-batch)."""
     m, p, t = spec.model, spec.parallel, spec.train
+    if spec.lora.enabled and t.micro_batch_size > 1:
+        return False
     vp = p.pp_stages_per_rank or 1
     dp = p.dp_replicate * p.dp_shard
     micro = t.global_batch_size // (dp * t.micro_batch_size)
