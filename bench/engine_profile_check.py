@@ -37,7 +37,7 @@ from trainperf.core.spec import eval_interval_samples, eval_skip_count
 from trainperf.mlperf.published import read_submissions, ruleset_of_round
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
-from trainperf.plan.search import plan, rcp_samples_at, time_to_train
+from trainperf.plan.search import plan, rank_of, rcp_samples_at, time_to_train
 
 
 def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
@@ -47,13 +47,6 @@ def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
         return {(row["system"], row["benchmark"]): float(row["score_min"]) for row in csv.DictReader(fh)}
 
 
-def layout_key(spec) -> tuple:
-    """What tells two layouts apart for the rank: the degrees, virtual stages, MBS and recompute."""
-    p = spec.parallel
-    return (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, spec.train.micro_batch_size,
-            spec.train.recompute)
-
-
 def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple[int | None, int, float | None]:
     """The published layout's rank among the planner's fitting layouts (1 = best; None: not among them),
     how many fit, and how much longer the planner predicts its step than the best layout's (0.02: 2%);
@@ -61,11 +54,9 @@ def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple
     spec = point.spec
     fits, _ = plan(spec, gpu, Layout.of(spec.parallel).world_size, point.gpus_per_node, headroom=headroom,
                    megatron=megatron_ok)
-    want = layout_key(spec)
-    for i, c in enumerate(fits, 1):
-        if layout_key(c.spec) == want:
-            return i, len(fits), c.est.step_time_s / fits[0].est.step_time_s - 1
-    return None, len(fits), None
+    rank = rank_of(fits, spec)
+    return (rank, len(fits), fits[rank - 1].est.step_time_s / fits[0].est.step_time_s - 1) if rank \
+        else (None, len(fits), None)
 
 
 def rank_text(r: dict) -> str:

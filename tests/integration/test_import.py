@@ -33,3 +33,24 @@ def test_import_then_a_fit_that_names_what_it_needs(tmp_path):
     fit = subprocess.run(trainperf_cmd("plan", "--calibrate", "--engine", "nemo", *db), cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert fit.returncode == 2 and "a fit needs at least 3" in fit.stderr and "llama2_70b_lora@8 CP2 DP4" in fit.stderr
+
+
+@pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published MLPerf folders here")
+def test_plan_names_where_the_stored_layouts_at_its_scale_rank(tmp_path):
+    """After `import`, a plan for the engine at a scale the store holds runs of shows each stored layout
+    with its measured tokens/s, its rank in this plan and the plan's prediction for it."""
+    db = ["--db", str(tmp_path / "t.db")]
+    out = subprocess.run(trainperf_cmd("import", str(PUBLISHED.parents[1]), *db), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = {}
+    for engine in ("nemo", "trainperf"):
+        plan = subprocess.run(trainperf_cmd("plan", "llama2_70b_lora", "--gpus", "64", "--gpu", "h100", "--engine", engine,
+                                            "--gbs", "8", "--top", "3", "--json", *db),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert plan.returncode == 0, plan.stderr[-2000:]
+        got[engine] = json.loads(plan.stdout)["stored_at_scale"]
+    nvidia = next(e for e in got["nemo"] if e["layout"] == "TP4 SP CP2 DP8 MBS 1")
+    assert nvidia["runs"] >= 5 and nvidia["global_batch_size"] == 8 and 1 <= nvidia["rank"] <= nvidia["ranked"]
+    assert abs(nvidia["predicted_tokens_per_s_per_gpu"] / nvidia["tokens_per_s_per_gpu"] - 1) < 0.15
+    assert got["trainperf"] == []  # the store holds no run of this engine at 64 GPUs

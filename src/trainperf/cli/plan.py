@@ -64,6 +64,7 @@ class Ranking:
     fits: list
     oom: list
     measured_note: str | None
+    stored: list = dataclasses.field(default_factory=list)  # stored runs at this scale, each with its rank
 
     @property
     def usable_gib(self) -> float:
@@ -175,7 +176,71 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     options = _option_sets(args, base, megatron)
     fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
                      options)
-    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
+    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None,
+                   _stored_at_scale(args, gpu, fits))
+
+
+def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
+    """The store's successful runs of this workload and engine on --gpus GPUs of this GPU model (imported
+    MLPerf results, or this engine's own), one entry per layout: the median run's tokens/s per GPU beside
+    the plan's rank and prediction for that layout -- where a measured layout stands in this plan."""
+    if not Path(args.db).exists():  # no store: nothing measured, and none is created by asking
+        return []
+    # the stored runs' specs are read only when a plan is asked for
+    from trainperf.core.spec import RunSpec
+
+    # the GPU presets are part of the planner, loaded only when a plan is asked for
+    from trainperf.plan.hardware import preset_for_device
+
+    # (the planner's ranking helpers)
+    from trainperf.plan.search import layout_signature, rank_of
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError
+
+    try:
+        store = Store(args.db)
+        rows = store.list_runs(args.workload, limit=1_000_000, trials=False)
+        store.close()
+    except StoreError:
+        return []  # an unusable --db is refused, in one line, when the plan is saved
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        hw = json.loads(r.get("hardware_json") or "{}")
+        preset = preset_for_device(hw.get("gpu") or "")
+        if (r["status"] != "success" or r["world_size"] != args.gpus or not r.get("tokens_per_s_per_gpu")
+                or (r.get("engine") or "trainperf") != args.engine or preset is None or preset.name != gpu.name):
+            continue
+        spec = RunSpec.from_dict(json.loads(r["spec_json"]))
+        groups.setdefault(layout_signature(spec), []).append((r, spec))
+    out = []
+    for members in groups.values():
+        members.sort(key=lambda m: m[0]["tokens_per_s_per_gpu"])
+        row, spec = members[len(members) // 2]
+        rank = rank_of(fits, spec)
+        cand = fits[rank - 1] if rank else None
+        out.append({"layout": row["layout"], "global_batch_size": spec.train.global_batch_size, "runs": len(members),
+                    "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"], "rank": rank, "ranked": len(fits),
+                    "predicted_tokens_per_s_per_gpu": cand.est.tokens_per_s_per_gpu if cand else None,
+                    "step_over_best": cand.est.step_time_s / fits[0].est.step_time_s - 1 if cand else None})
+    return sorted(out, key=lambda e: (e["rank"] is None, e["rank"] or 0))
+
+
+def _stored_lines(ranking: Ranking) -> list[str]:
+    """One line per stored layout at this scale: measured against the plan's rank and prediction."""
+    lines = []
+    for e in ranking.stored:
+        head = (f"stored at this scale: {e['layout']} GBS {e['global_batch_size']}, {e['runs']} run"
+                f"{'s' if e['runs'] > 1 else ''}, {e['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU")
+        if e["rank"] is None:
+            lines.append(f"{head} -- not among this plan's {e['ranked']} ranked layouts (outside its search, or over "
+                         "the memory it allows)")
+        else:
+            pred = e["predicted_tokens_per_s_per_gpu"]
+            lines.append(f"{head} -- ranked {e['rank']} of {e['ranked']}"
+                         + (f", its step {100 * e['step_over_best']:+.1f}% over the best's" if e["rank"] > 1 else "")
+                         + f"; predicted {pred:,.0f} ({100 * (pred / e['tokens_per_s_per_gpu'] - 1):+.1f}%)")
+    return lines
 
 
 # a step that gives each GPU fewer tokens than this cannot keep it busy (one 8k-token sequence)
@@ -311,7 +376,7 @@ def _print_json(args, ranking: Ranking) -> None:
                       "gpus_per_node": ranking.per_node, "ranked": rows,
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
                       "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
-                      "hint": _hint(ranking) or None,
+                      "hint": _hint(ranking) or None, "stored_at_scale": ranking.stored,
                       "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                      indent=2))
 
@@ -375,6 +440,8 @@ def _print_table(args, ranking: Ranking) -> int:
     console.print(table)
     if ranking.measured_note:
         console.print(ranking.measured_note)
+    for line in _stored_lines(ranking):
+        console.print(line)
     if not fits:
         hint = _hint(ranking)
         console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "

@@ -49,6 +49,19 @@ class Candidate:
         return " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.overrides.items())
 
 
+def layout_signature(spec: RunSpec) -> tuple:
+    """What tells two layouts apart in a ranking: the degrees, virtual stages, GBS, MBS and recompute."""
+    p, t = spec.parallel, spec.train
+    return (p.tp, p.cp, p.pp, p.pp_stages_per_rank or 0, p.dp_shard * p.dp_replicate, t.global_batch_size,
+            t.micro_batch_size, t.recompute)
+
+
+def rank_of(fits: list[Candidate], spec: RunSpec) -> int | None:
+    """The 1-based rank of ``spec``'s layout among ranked candidates (None: not among them)."""
+    want = layout_signature(spec)
+    return next((i for i, c in enumerate(fits, 1) if layout_signature(c.spec) == want), None)
+
+
 def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
