@@ -192,7 +192,7 @@ def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
     # the GPU presets are part of the planner, loaded only when a plan is asked for
     from trainperf.plan.hardware import preset_for_device
 
-    # (the planner's ranking helpers)
+    # (the planner's ranking functions)
     from trainperf.plan.search import layout_signature, rank_of
 
     # the store (and sqlite3) loads only when a command runs, not for --help
