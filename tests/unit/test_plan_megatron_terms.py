@@ -151,6 +151,7 @@ def test_fitted_engines_price_float8_gemms_by_shape_from_the_h200_grid():
     from trainperf.mlperf.recipes import RECIPES
 
     assert _nemo_gpu().fp8_gemm_grid == "h200" and PRESETS["h100"].fp8_gemm_grid == ""
+    assert _nemo_gpu("h200-nvl").fp8_gemm_grid == "h200" and _nemo_gpu("b200").fp8_gemm_grid == ""  # other SMs
     nemo = _nemo_gpu()
     per_sequence = {}
     for mbs in (1, 2):

@@ -56,6 +56,7 @@ FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown"
 # H100 too -- the same GH100 die and 132 SMs, so the same tiles and waves -- as a share of the grid's
 # best; gemm_eff sets the level
 FP8_GEMM_GRID = "h200"
+FP8_GRID_GPUS = ("H100", "H200")  # GH100 parts; a B200 (other SMs, other tiles) keeps the flat rate
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
 
@@ -90,8 +91,13 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         pp_p2p_overlapped=FIXED_FOR_FITTED["pp_p2p_overlapped"],
         fp8_activation_storage=FIXED_FOR_FITTED["fp8_activation_storage"],
         asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"],
-        fp8_gemm_grid=gpu.fp8_gemm_grid or FP8_GEMM_GRID)  # a GPU YAML's own grid, else the H200's
+        fp8_gemm_grid=gpu.fp8_gemm_grid or default_fp8_grid(gpu))
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
+
+
+def default_fp8_grid(gpu: GPU) -> str:
+    """The packaged float8 grid for a GH100 GPU (H100, H200; SXM or NVL), '' (flat rate) for any other."""
+    return FP8_GEMM_GRID if any(part in gpu.name for part in FP8_GRID_GPUS) else ""
 
 
 @dataclass
