@@ -195,33 +195,19 @@ PRESETS |= {
 }
 
 
-def _checked_kernel_table(value, base_dir: Path, source: str) -> str:
-    """A YAML ``kernel_table``: empty for none, a packaged name, or a JSON file (relative to the YAML)."""
+def _checked_rates_file(value, base_dir: Path, source: str, field: str, load, what: str, how: str) -> str:
+    """A YAML field naming a rates file (``kernel_table``, ``fp8_gemm_grid``): empty for none, a packaged
+    name, or a JSON file (relative to the YAML) that ``load`` reads; SpecError saying how to write one."""
     if value in (None, ""):
         return ""
     path = Path(str(value))
     if path.suffix and not path.is_absolute():
         path = base_dir / path
     try:
-        load_table(str(path))
+        load(str(path))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f"--gpu {source!r}: kernel_table {value!r} is not a readable kernel table "
-                        f"({type(exc).__name__}: {exc}); write one with bench/kernel_rates.py or trainperf preflight") from None
-    return str(path)
-
-
-def _checked_fp8_grid(value, base_dir: Path, source: str) -> str:
-    """A YAML ``fp8_gemm_grid``: empty for none, a packaged name, or a JSON file (relative to the YAML)."""
-    if value in (None, ""):
-        return ""
-    path = Path(str(value))
-    if path.suffix and not path.is_absolute():
-        path = base_dir / path
-    try:
-        load_fp8_grid(str(path))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SpecError(f"--gpu {source!r}: fp8_gemm_grid {value!r} is not a readable float8 grid "
-                        f"({type(exc).__name__}: {exc}); write one with bench/fp8_gemm_grid.py") from None
+        raise SpecError(f"--gpu {source!r}: {field} {value!r} is not a readable {what} "
+                        f"({type(exc).__name__}: {exc}); write one with {how}") from None
     return str(path)
 
 
@@ -267,7 +253,10 @@ def load_gpu(name_or_file: str) -> GPU:
         raise SpecError(f"--gpu {name_or_file!r}: data_parallel {values['data_parallel']!r}; valid: "
                         f"{', '.join(DATA_PARALLEL_MODES)}")
     if "kernel_table" in values:
-        values["kernel_table"] = _checked_kernel_table(values["kernel_table"], p.parent, name_or_file)
+        values["kernel_table"] = _checked_rates_file(values["kernel_table"], p.parent, name_or_file, "kernel_table",
+                                                     load_table, "kernel table",
+                                                     "bench/kernel_rates.py or trainperf preflight")
     if "fp8_gemm_grid" in values:
-        values["fp8_gemm_grid"] = _checked_fp8_grid(values["fp8_gemm_grid"], p.parent, name_or_file)
+        values["fp8_gemm_grid"] = _checked_rates_file(values["fp8_gemm_grid"], p.parent, name_or_file, "fp8_gemm_grid",
+                                                      load_fp8_grid, "float8 grid", "bench/fp8_gemm_grid.py")
     return _cluster(base, **values)  # nic_gbps x nic_efficiency, when given, sets the inter-node busbw

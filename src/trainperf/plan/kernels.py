@@ -23,14 +23,19 @@ from pathlib import Path
 PACKAGED = Path(__file__).with_name("data")
 
 
+def _read_packaged_or_file(name_or_path: str, packaged_suffix: str) -> dict:
+    """The JSON of a packaged file by name (``h200`` -> data/h200{packaged_suffix}) or of a path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PACKAGED / f"{name_or_path}{packaged_suffix}"
+    with open(path) as fh:
+        return json.load(fh)
+
+
 @functools.lru_cache(maxsize=8)
 def load_table(name_or_path: str) -> "KernelTable":
     """A packaged table by name (``h200``) or a JSON file written by bench/kernel_rates.py."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PACKAGED / f"{name_or_path}_kernels.json"
-    with open(path) as fh:
-        return KernelTable(json.load(fh))
+    return KernelTable(_read_packaged_or_file(name_or_path, "_kernels.json"))
 
 
 class KernelTable:
@@ -96,11 +101,7 @@ def _attention_rates(raw: dict | None) -> dict[tuple, tuple[float, float]]:
 @functools.lru_cache(maxsize=8)
 def load_fp8_grid(name_or_path: str) -> "Fp8GemmGrid":
     """A packaged float8 grid by name (``h200``) or a JSON file written by bench/fp8_gemm_grid.py."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PACKAGED / f"{name_or_path}_fp8_gemm.json"
-    with open(path) as fh:
-        return Fp8GemmGrid(json.load(fh))
+    return Fp8GemmGrid(_read_packaged_or_file(name_or_path, "_fp8_gemm.json"))
 
 
 class Fp8GemmGrid:
