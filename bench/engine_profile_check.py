@@ -33,11 +33,10 @@ import sys
 from pathlib import Path
 
 from trainperf.core.layout import Layout
-from trainperf.core.spec import eval_interval_samples, eval_skip_count
 from trainperf.mlperf.published import read_submissions, ruleset_of_round
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
-from trainperf.plan.search import plan, rank_of, rcp_samples_at, time_to_train
+from trainperf.plan.search import evals_to, plan, rank_of, rcp_samples_at, time_to_train
 
 
 def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
@@ -82,11 +81,6 @@ def published_minutes(members: list, rnd: str) -> tuple[float | None, str]:
         return score.score_minutes, "score"
     minutes = [pt.time_to_train_s / 60 for pt, _ in members if pt.time_to_train_s]
     return (statistics.median(minutes), "median run") if minutes else (None, "")
-
-
-def evals_to(spec, samples: float | None) -> int:
-    """Evals on the way to ``samples`` (time_to_train's count)."""
-    return max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec)) if samples else 0
 
 
 def eval_cost_probe(fitted_on: list[dict], checked: list[dict]) -> None:
@@ -149,7 +143,7 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
                      "published_min": published_min, "minutes_basis": basis, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
                      "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap,
-                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples)})
+                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples) if samples else 0})
     return rows
 
 
@@ -227,7 +221,7 @@ def main() -> int:
                      "published_min": minutes[label], "predicted_min": ttt,
                      "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total, "gap": gap,
                      "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib,
-                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples)})
+                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples) if samples else 0})
     print("| configuration (engine " + args.engine + ") | predicted by | published tok/s/GPU | predicted | error | "
           "published score, min | predicted min | error | published layout's rank | predicted GiB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")

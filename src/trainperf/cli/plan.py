@@ -94,6 +94,7 @@ def run(args) -> int:
         base = _resolve_inputs(args)
         gpu, measured_note = _pick_gpu(args)
         ranking = _search(args, base, gpu, measured_note, headroom)
+        ranking.stored = _stored_at_scale(args, gpu, ranking.fits)
     except SpecError as exc:
         return bad_input(str(exc), args.json)
     try:
@@ -176,8 +177,7 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     options = _option_sets(args, base, megatron)
     fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
                      options)
-    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None,
-                   _stored_at_scale(args, gpu, fits))
+    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
 
 
 def _stored_at_scale(args, gpu, fits: list) -> list[dict]:

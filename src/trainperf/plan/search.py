@@ -206,9 +206,13 @@ def time_to_train(spec: RunSpec, est, samples: float) -> float:
     skipped ones, each over the validation rows split across the data-parallel ranks."""
     train_s = samples / spec.train.global_batch_size * est.step_time_s
     rows = spec.data.eval_samples or EVAL_ROWS.get(spec.mlperf.benchmark, 0)
-    evals = max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec))
     per_eval = math.ceil(rows / data_parallel_size(spec.parallel)) * est.eval_seconds_per_row
-    return train_s + evals * per_eval
+    return train_s + evals_to(spec, samples) * per_eval
+
+
+def evals_to(spec: RunSpec, samples: float) -> int:
+    """The evals a run makes on the way to ``samples``: one every interval, the skipped ones left out."""
+    return max(0, math.ceil(samples / eval_interval_samples(spec)) - eval_skip_count(spec))
 
 
 def rcp_batch_sizes(spec: RunSpec) -> list[int]:
