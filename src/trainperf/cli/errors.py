@@ -10,12 +10,15 @@ import json
 import sys
 
 from trainperf.core.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, SpecError
+from trainperf.core.untrusted import printable
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "SpecError", "bad_input"]
 
 
 def bad_input(msg: str, as_json: bool) -> int:
-    """Say what is wrong in one line (and as JSON on stdout with --json); the exit code to return."""
+    """Say what is wrong in one line (and as JSON on stdout with --json); the exit code to return.
+    Control characters are escaped: a message may quote a name from a downloaded file."""
+    msg = printable(msg, limit=4000)
     if as_json:
         print(json.dumps({"error": msg, "exit_code": EXIT_BAD_INPUT}))
     print(f"trainperf: error: {msg}", file=sys.stderr)

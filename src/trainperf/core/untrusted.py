@@ -1,0 +1,162 @@
+"""Reading what the user did not write: downloaded logs, system JSON, configs, sweep files, metadata.
+
+Every reader of such a file goes through here: regular files only (no FIFO, device or socket), no
+link that leaves the tree being read, a size cap checked before the bytes are read, UTF-8 checked,
+JSON nesting bounded, numbers checked for finiteness and range. Names taken from such files pass
+through :func:`printable` before they reach a terminal, a log line or a page. Any failure is a
+:class:`SpecError` naming the file and what would be valid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from trainperf.core.errors import SpecError
+
+MAX_JSON_DEPTH = 64
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """``value`` as text safe for a terminal: control and format characters (ANSI escapes, newlines,
+    bidi overrides) shown as ``\\x1b``-style escapes, cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    out = []
+    for ch in text:
+        if ch == " " or (ch.isprintable() and unicodedata.category(ch) not in ("Cf", "Zl", "Zp")):
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    safe = "".join(out)
+    return safe if len(safe) <= limit else safe[: limit - 3] + "..."
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def read_untrusted_bytes(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                         root: str | os.PathLike | None = None, what: str = "file") -> bytes:
+    """The bytes of ``path``, refused unless it is a regular file of at most ``max_bytes`` whose real
+    path lies inside ``root`` (when given). Never blocks on a FIFO or reads a device."""
+    path = Path(path)
+    shown = printable(path)
+    real = Path(os.path.realpath(path))
+    if root is not None and not _inside(real, Path(os.path.realpath(root))):
+        raise SpecError(f"{what} {shown} points outside {printable(root)} (to {printable(real)}); "
+                        "give a folder whose files are its own, not links elsewhere")
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(f"{what} {shown} is not a regular file (a FIFO, device, socket or folder); "
+                        "give a plain file")
+    if st.st_size > max_bytes:
+        raise SpecError(f"{what} {shown} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO since the stat, open does not wait on it
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"{what} {shown} is not a regular file; give a plain file")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise SpecError(f"{what} {shown} is more than the {max_bytes:,} bytes allowed")
+    except OSError as exc:
+        raise SpecError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_untrusted_text(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                        root: str | os.PathLike | None = None, what: str = "file") -> str:
+    data = read_untrusted_bytes(path, max_bytes=max_bytes, root=root, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{what} {printable(path)} is not UTF-8 text (byte {exc.start}); "
+                        "give a UTF-8 file") from None
+
+
+def json_depth_ok(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the brackets of JSON ``text`` nest at most ``max_depth`` deep (strings skipped)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def parse_untrusted_json(text: str, *, where: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` of text from an untrusted source: nesting bounded, NaN/Infinity refused."""
+    if not json_depth_ok(text, max_depth):
+        raise SpecError(f"{printable(where)}: JSON nested more than {max_depth} deep")
+
+    def no_constant(name: str):
+        raise SpecError(f"{printable(where)}: JSON holds {name}, which is not a number; give finite numbers")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise SpecError(f"{printable(where)}: not valid JSON ({printable(exc, 120)})") from None
+
+
+def load_untrusted_json(path: str | os.PathLike, *, max_bytes: int = 16 * 1024 * 1024,
+                        root: str | os.PathLike | None = None, what: str = "JSON file",
+                        max_depth: int = MAX_JSON_DEPTH) -> Any:
+    text = read_untrusted_text(path, max_bytes=max_bytes, root=root, what=what)
+    return parse_untrusted_json(text, where=f"{what} {path}", max_depth=max_depth)
+
+
+def finite_number(value: object, name: str, *, lo: float | None = None, hi: float | None = None,
+                  lo_open: bool = False) -> float:
+    """``value`` as a finite float within [lo, hi] (``(lo, hi]`` with ``lo_open``), else a SpecError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(f"{name} is {printable(repr(value), 60)}; give a number")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise SpecError(f"{name} is {printable(repr(value), 60)}; give a number") from None
+    if not math.isfinite(number):
+        raise SpecError(f"{name} is {printable(value, 60)}; give a finite number")
+    if lo is not None and (number < lo or (lo_open and number == lo)):
+        raise SpecError(f"{name} is {number:g}; give a number {'above' if lo_open else 'at least'} {lo:g}")
+    if hi is not None and number > hi:
+        raise SpecError(f"{name} is {number:g}; give a number at most {hi:g}")
+    return number
