@@ -67,6 +67,8 @@ def _jobs_named(prefix: str) -> list[str]:
 
 @pytest.mark.slow
 def test_sweep_on_a_real_slurm_cluster(slurm_cluster, tmp_path):
+    tmp_path = tmp_path / "sweep runs #1"  # sbatch must read the quoted --output/--chdir with a blank and a '#'
+    tmp_path.mkdir()
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     _sweep_file(tmp_path / "s.yaml", name, wait=False)
     t0 = time.perf_counter()

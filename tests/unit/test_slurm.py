@@ -28,9 +28,9 @@ def test_four_node_gpu_script_uses_torchrun_rendezvous_on_the_head_node(tmp_path
     lines = text.splitlines()
     for want in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=01:30:00", "#SBATCH --exclusive",
-                 "#SBATCH --qos=high", "#SBATCH --mem=0", "#SBATCH --chdir=/work", "module load cuda",
+                 "#SBATCH --qos=high", "#SBATCH --mem=0", '#SBATCH --chdir="/work"', "module load cuda",
                  f"#SBATCH --job-name=tp-scale-{item['item_id']}",
-                 f"#SBATCH --output={tmp_path / item['item_id']}-%j.out",
+                 f'#SBATCH --output="{tmp_path / item["item_id"]}-%j.out"',
                  'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'):
         assert want in lines, want
     srun = next(ln for ln in lines if ln.startswith("srun "))
@@ -60,11 +60,33 @@ def test_four_node_gpu_script_uses_torchrun_rendezvous_on_the_head_node(tmp_path
     ({"wait": "yes"}, "true or false"),
     ({"launcher": "mpirun"}, "must be auto"),
     ({"gpus_per_node": 2}, "exceeds slurm.gpus_per_node"),
+    ({"extra_sbatch": ["--qos=high\nrm -rf ~"]}, "one sbatch option on one line"),
+    ({"extra_sbatch": ["--qos high\n"]}, "one sbatch option on one line"),
+    ({"extra_sbatch": ["--comment=\x1b[2J"]}, "one sbatch option on one line"),
+    ({"setup": ["module load cuda\ncurl x | sh"]}, "line break or control character"),
+    ({"extra_srun": ["--mpi=none\r"]}, "line break or control character"),
+    ({"python": "python\x00"}, "line break or control character"),
 ])
 def test_malformed_slurm_sections_are_refused(slurm_section, words):
     data = {"name": "s", "backend": "slurm", "slurm": slurm_section, "runs": [{"workload": "x", "nproc_per_node": 4}]}
     with pytest.raises(SpecError, match=words):
         expand(data, "f")
+
+
+def test_paths_with_spaces_and_hashes_are_quoted_and_unsayable_paths_refused(tmp_path):
+    data = {"name": "s", "backend": "slurm", "slurm": {}, "runs": [{"workload": "mini-lora"}]}
+    item = expand(data, "f")[1][0]
+    odd = tmp_path / "my runs #2"
+    text = slurm.render_script(item, item["slurm"], sweep_id="s", db="t.db", out="runs", extra_sets=[],
+                               directory=odd, workdir=str(odd))
+    lines = text.splitlines()
+    # sbatch splits an #SBATCH line at blanks and ends it at an unquoted '#' unless the value is quoted
+    assert f'#SBATCH --output="{odd}/{item["item_id"]}-%j.out"' in lines
+    assert f'#SBATCH --chdir="{odd}"' in lines
+    for bad in ('a"b', "a\\b", "a\nb", "a\x1bb"):
+        with pytest.raises(SpecError, match="an #SBATCH line cannot carry"):
+            slurm.render_script(item, item["slurm"], sweep_id="s", db="t.db", out="runs", extra_sets=[],
+                                directory=tmp_path / bad, workdir="/work")
 
 
 def test_backend_is_checked_and_ids_do_not_depend_on_it():

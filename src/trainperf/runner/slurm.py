@@ -145,7 +145,8 @@ def parse_config(data, where: str) -> SlurmConfig:
 SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 SLURM_PARTITIONS_RE = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 SLURM_TIME_RE = re.compile(r"\d+|\d+:\d+|\d+:\d+:\d+|\d+-\d+|\d+-\d+:\d+|\d+-\d+:\d+:\d+|UNLIMITED|INFINITE")
-SBATCH_OPTION_RE = re.compile(r"(#SBATCH\s+)?--?[A-Za-z][A-Za-z0-9-]*(=[^\n\r]*|\s+[^\n\r]*)?")
+SBATCH_OPTION_RE = re.compile(r"(#SBATCH[ \t]+)?--?[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*|[ \t]+[^\x00-\x1f\x7f]*)?")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _check_slurm_syntax(cfg: SlurmConfig, where: str) -> None:
@@ -157,16 +158,17 @@ def _check_slurm_syntax(cfg: SlurmConfig, where: str) -> None:
         if value is not None and not pattern.fullmatch(value):
             raise SpecError(f"{where}: slurm.{key}={value!r} is not {shape}")
     for extra in cfg.extra_sbatch:
-        if not SBATCH_OPTION_RE.fullmatch(extra.strip()):
+        if not SBATCH_OPTION_RE.fullmatch(extra.strip(" \t")):
             raise SpecError(f"{where}: slurm.extra_sbatch entry {extra!r} must be one sbatch option on one line "
                             "(e.g. --qos=high or #SBATCH --mem=0)")
     for key in ("container_image", "container_workdir", "python", "script_dir"):
         value = getattr(cfg, key)
-        if value is not None and ("\n" in value or "\r" in value):
-            raise SpecError(f"{where}: slurm.{key}={value!r} contains a line break")
-    for key in ("container_mounts", "extra_srun"):
-        if any("\n" in v or "\r" in v for v in getattr(cfg, key)):
-            raise SpecError(f"{where}: slurm.{key} has an entry with a line break")
+        if value is not None and CONTROL_RE.search(value):
+            raise SpecError(f"{where}: slurm.{key}={value!r} contains a line break or control character")
+    for key in ("container_mounts", "extra_srun", "setup"):
+        if any(CONTROL_RE.search(v.replace("\t", " ")) for v in getattr(cfg, key)):
+            raise SpecError(f"{where}: slurm.{key} has an entry with a line break or control character "
+                            "(give one line per entry)")
 
 
 # -- the batch script ------------------------------------------------------------------------------
@@ -200,8 +202,10 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
     d = Path(directory)
     stem = item["item_id"]
     for name, path in (("the script folder", str(d)), ("the working folder", workdir)):
-        if "\n" in path or "\r" in path:  # an #SBATCH line cannot quote it
-            raise SpecError(f"{name} {path!r} contains a line break; give --out a plain path")
+        # sbatch reads an #SBATCH value in double quotes, without escapes: a quote or line break cannot be said
+        if CONTROL_RE.search(path) or '"' in path or "\\" in path:
+            raise SpecError(f"{name} {path!r} contains a line break, a control character, a double quote or a "
+                            "backslash, which an #SBATCH line cannot carry; give --out a plainer path")
     lines = ["#!/bin/bash",
              f"# trainperf sweep {sweep_id!r}, item {stem}: {item['workload']!r} on {cfg.nodes} node(s) "
              f"x {item['nproc']} process(es)",
@@ -209,9 +213,9 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
              f"#SBATCH --job-name={job_name(sweep_id, stem)}",
              f"#SBATCH --nodes={cfg.nodes}",
              "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --output={d / f'{stem}-%j.out'}",
-             f"#SBATCH --error={d / f'{stem}-%j.err'}",
-             f"#SBATCH --chdir={workdir}"]
+             f'#SBATCH --output="{d / f"{stem}-%j.out"}"',
+             f'#SBATCH --error="{d / f"{stem}-%j.err"}"',
+             f'#SBATCH --chdir="{workdir}"']
     for flag, value in (("partition", cfg.partition), ("account", cfg.account), ("time", cfg.time),
                         ("gpus-per-node", cfg.gpus_per_node), ("cpus-per-task", cfg.cpus_per_task)):
         if value:
