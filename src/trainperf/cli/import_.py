@@ -78,7 +78,7 @@ def run(args) -> int:
                for k, v in groups.items()]
     if args.json:
         print(json.dumps({"imported": len(new_runs), "already_stored": len(runs) - len(new_runs), "groups": summary,
-                          "already_imported": already, "problems": problems}, indent=2))
+                          "already_imported": again, "problems": problems}, indent=2))
     else:
         for g in summary:
             print(f"{g['engine']:8s} {g['benchmark']:16s} {g['gpus']:5d} x {g['system'][:34]:34s} {g['layout']:26s} "
