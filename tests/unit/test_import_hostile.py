@@ -425,3 +425,205 @@ def test_the_fixture_round_imports(tmp_path):
     assert {r.row["layout"] for r in runs} == {"CP2 DP4 MBS 1"} and runs[0].engine == "nemo"
     assert runs[0].row["run_id"] != runs[1].row["run_id"] and runs[0].row["run_id"].startswith("imp-")
     assert 0.5 < runs[0].row["mfu"] < 1.0 and sys.float_info.max > runs[0].row["tokens_per_s_per_gpu"] > 2000
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. fuzz: mutated real inputs to each reader; a one-line SpecError or a result, never anything else
+
+FUZZ_SEED = 37
+HOSTILE = [None, True, [], {}, "", "x" * 3000, "\x1b[2J\nFORGED", "../../../../etc/passwd", -1, 0, 2.5, 1e308,
+           -1e308, float("nan"), float("inf"), 10 ** 30, [[[[[[[[1]]]]]]]], {"a": {"b": {"c": [1, {}]}}},
+           {"throughput": 0}, {"throughput": -1}, {"throughput": float("inf")}, {"train_step_time": 1e-300},
+           "closed", "open", "llama2_70b_lora", "success", "1e400", "nan", "inf", "-3", "８"]
+
+
+def _seed_inputs(tmp_path: Path) -> list[Path]:
+    """Round folders of real inputs: the fixture's, and NVIDIA's 8 x H200 submission where the checkout
+    has the published folders."""
+    from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
+
+    rounds = [fixture_round(tmp_path / "seed-fixture")]
+    if H200_SUBMISSION.is_dir():
+        rounds.append(one_h200_submission(tmp_path / "seed-published"))
+    return rounds
+
+
+def _mutate_json(rng, value, depth: int = 0):
+    """``value`` with one node replaced, removed or added."""
+    if isinstance(value, dict) and value and depth < 4 and rng.random() < 0.7:
+        key = rng.choice(sorted(value))
+        roll = rng.random()
+        if roll < 0.2:
+            return {k: v for k, v in value.items() if k != key}
+        if roll < 0.3:
+            return {**value, rng.choice(["x", "key", "value", "metadata", "status", "samples_count"]):
+                    rng.choice(HOSTILE)}
+        return {**value, key: _mutate_json(rng, value[key], depth + 1)}
+    if isinstance(value, list) and value and rng.random() < 0.5:
+        i = rng.randrange(len(value))
+        return value[:i] + [_mutate_json(rng, value[i], depth + 1)] + value[i + 1:]
+    return rng.choice(HOSTILE)
+
+
+def _mutate_text(rng, text: str, json_lines: bool) -> str:
+    lines = text.splitlines()
+    roll = rng.random()
+    if json_lines and roll < 0.55:  # a record of the log, changed as JSON
+        candidates = [i for i, ln in enumerate(lines) if ln.startswith(":::MLLOG ")]
+        i = rng.choice(candidates)
+        rec = _mutate_json(rng, json.loads(lines[i][len(":::MLLOG "):]))
+        lines[i] = ":::MLLOG " + json.dumps(rec)
+    elif roll < 0.65 and lines:
+        i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
+        op = rng.choice(["delete", "duplicate", "swap"])
+        if op == "delete":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(j, lines[i])
+        else:
+            lines[i], lines[j] = lines[j], lines[i]
+    elif roll < 0.75:
+        return text[: rng.randrange(len(text) + 1)]
+    else:  # characters replaced: brackets, quotes, digits, controls, bytes that are not UTF-8
+        chars = list(text)
+        for _ in range(rng.randint(1, 6)):
+            chars[rng.randrange(len(chars))] = rng.choice(['"', "{", "}", "[", "]", ",", ":", "0", "9", "-", "e",
+                                                          "\x00", "\x1b", "\n", "\udcff", "\\", " ", "a"])
+        return "".join(chars)
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(exc: SpecError) -> None:
+    from trainperf.core.untrusted import printable
+
+    msg = str(exc)
+    assert msg and "\n" not in msg and printable(msg, limit=10 ** 6) == msg, repr(msg)
+
+
+def _fuzz(tmp_path, cases: int, target, read) -> dict:
+    """Run ``read`` on ``cases`` mutations of ``target(round)`` (cycling over the seed rounds)."""
+    import random
+
+    rng = random.Random(FUZZ_SEED)
+    rounds = _seed_inputs(tmp_path)
+    originals = {r: target(r).read_text() for r in rounds}
+    outcome = {"ok": 0, "refused": 0}
+    for case in range(cases):
+        root = rounds[case % len(rounds)]
+        path = target(root)
+        text = _mutate_text(rng, originals[root], json_lines=path.suffix == ".txt")
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        try:
+            read(root, path)
+            outcome["ok"] += 1
+        except SpecError as exc:
+            _one_line(exc)
+            outcome["refused"] += 1
+        except Exception as exc:  # noqa: BLE001 -- the point: nothing else may come out
+            pytest.fail(f"case {case}: {type(exc).__name__}: {exc!r} from\n{text[:3000]}")
+    path.write_text(originals[root])
+    return outcome
+
+
+def _read_log_pipeline(root: Path, path: Path) -> None:
+    from trainperf.mlperf.log import check_log_names, read_log
+    from trainperf.mlperf.score import run_from_log
+
+    log = read_log(path, "4.1.0", root=root)
+    check_log_names(log, [BENCHMARK])
+    run = run_from_log(log)
+    stats = published.tracked_stats(log.loglines, "log", log.file_lines)
+    published.step_seconds_from_stats(stats, 8)
+    published.step_seconds_from_blocks(log.loglines, 8, 8192)
+    assert run.benchmark == BENCHMARK
+
+
+def _log_of(root: Path) -> Path:
+    return next(root.rglob("result_0.txt"))
+
+
+def test_fuzz_log_lines(tmp_path):
+    outcome = _fuzz(tmp_path, 400, _log_of, _read_log_pipeline)
+    assert outcome["ok"] > 40 and outcome["refused"] > 40, outcome
+
+
+def _problems_are_lines(root: Path, path: Path) -> None:
+    runs, problems = read_submissions([str(root)], "6.0.0")
+    for line in problems:
+        assert "\n" not in line and "\x1b" not in line, line
+    for r in runs:
+        assert r.row["step_time_s"] > 0 and 0 < r.row["mfu"] <= published.MAX_MFU
+
+
+def test_fuzz_log_lines_through_the_whole_import(tmp_path):
+    outcome = _fuzz(tmp_path, 60, _log_of, _problems_are_lines)
+    assert outcome["ok"] > 10 and outcome["refused"] > 5, outcome
+
+
+def _system_of(root: Path) -> Path:
+    return next(root.glob("*/systems/*.json"))
+
+
+def _read_system(root: Path, path: Path) -> None:
+    got, why = published.read_system(path, root, "where")
+    assert (got is None) != (why == "")
+    if got is not None:
+        assert all(isinstance(got[k], str) for k in published.SYSTEM_TEXT if k in got)
+        assert 1 <= got["number_of_nodes"] * got["accelerators_per_node"] <= 100_000 * 1024
+
+
+def _mutated_system_json(rng, text):
+    return json.dumps(_mutate_json(rng, json.loads(text)), indent=2) if rng.random() < 0.6 else None
+
+
+def test_fuzz_system_json(tmp_path, monkeypatch):
+    # JSON-aware mutations of the whole description most of the time, text mutations otherwise
+    real_mutate = _mutate_text
+
+    def mutate(rng, text, json_lines):
+        return _mutated_system_json(rng, text) or real_mutate(rng, text, json_lines)
+    monkeypatch.setattr(sys.modules[__name__], "_mutate_text", mutate)
+    outcome = _fuzz(tmp_path, 300, _system_of, _read_system)
+    assert outcome["ok"] > 30 and outcome["refused"] > 30, outcome
+
+
+def _config_of(root: Path) -> Path:
+    return next(p for p in root.rglob("config_*.sh") if "common" not in p.name)
+
+
+def _read_config(root: Path, path: Path) -> None:
+    org = next(p for p in root.iterdir() if p.is_dir())
+    configs, commons = published.implementation_configs(org, BENCHMARK)
+    config, lay, why = published.matching_config(configs, commons, SYSTEM, 8, 1, 8, 8, "NVIDIA H200", root=root)
+    assert (config is None) == bool(why) and "\n" not in why
+    if config is not None:
+        assert lay["dp"] >= 1 and lay["tp"] >= 1 and published.layout_label(lay)
+
+
+CONFIG_VALUES = ["inf", "-2", "1e400", "nan", "0", "3", "", "$((1/0))", "x" * 5000, "99999999999", "2.5", "'4'",
+                 '"${TP:=8}"', "\x1b[2J"]
+
+
+def test_fuzz_config_scripts(tmp_path, monkeypatch):
+    real_mutate = _mutate_text
+
+    def mutate(rng, text, json_lines):  # a variable's value, a sourced file or a long line most of the time
+        lines = text.splitlines()
+        roll = rng.random()
+        if roll < 0.5:
+            exports = [i for i, ln in enumerate(lines) if ln.startswith("export ")] or [0]
+            i = rng.choice(exports)
+            name = rng.choice(["TP", "CP", "PP", "MINIBS", "MBS", "DGXNNODES", "DGXNGPU", "SP", "FP8",
+                               lines[i].split("=")[0].removeprefix("export ")])
+            lines[i] = f"export {name}={rng.choice(CONFIG_VALUES)}"
+        elif roll < 0.6:
+            lines.insert(rng.randrange(len(lines) + 1), "source $(dirname ${BASH_SOURCE[0]})/" + rng.choice(
+                ["config_common.sh", "../../../../etc/passwd.sh", "..sh", "missing.sh", "config_DGXH200_1x8x2xtp1pp1cp2.sh"]))
+        elif roll < 0.65:
+            lines.append("export X=" + "y" * rng.choice([100, 5000]))
+        else:
+            return real_mutate(rng, text, json_lines)
+        return "\n".join(lines) + "\n"
+    monkeypatch.setattr(sys.modules[__name__], "_mutate_text", mutate)
+    outcome = _fuzz(tmp_path, 300, _config_of, _read_config)
+    assert outcome["ok"] > 30 and outcome["refused"] > 3, outcome

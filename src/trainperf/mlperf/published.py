@@ -221,6 +221,10 @@ def compliance_failure(log, ruleset: str) -> str | None:
     try:
         with captured_logging() as records:
             checker.check_loglines(log.loglines, f"training_{ruleset}/common.yaml")
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- its rules evaluate the log's values unguarded in places
+        return printable(f"its rules could not evaluate this log ({type(exc).__name__}: {exc})", 200)
     finally:
         mlp_compliance.enqueued_configs.clear()
     if not checker.has_messages():
