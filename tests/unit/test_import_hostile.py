@@ -627,3 +627,15 @@ def test_fuzz_config_scripts(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_mutate_text", mutate)
     outcome = _fuzz(tmp_path, 300, _config_of, _read_config)
     assert outcome["ok"] > 30 and outcome["refused"] > 3, outcome
+
+
+@needs_proc
+def test_score_refuses_the_traversal_log_before_its_checkers(tmp_path, monkeypatch, capsys, checker_spy):
+    """`score` reads logs through the same reader: the traversal never reaches the RCP checker."""
+    root = fixture_round(tmp_path / "r")
+    _edit_log(root, "submission_division", _set_value("", DEEP_TRAVERSAL))
+    monkeypatch.chdir(tmp_path)
+    marker = _evil_rules(tmp_path)
+    rc, out, err = _cli(capsys, "score", str(_log(root)), "--ruleset", "4.1.0")
+    assert rc == 2 and len(err.splitlines()) == 1 and "is not one of closed, open" in err, err
+    assert not marker.exists() and checker_spy == []

@@ -200,6 +200,7 @@ def compliance_failure(log, ruleset: str) -> str | None:
     # the package's own checker, in-process (the CLI form spawns an interpreter per log)
     from mlperf_logging.compliance_checker import mlp_compliance
 
+    # the same package's guards and logging capture, loaded with the checker
     from trainperf.mlperf.log import check_ruleset, checker_rule_file
     from trainperf.mlperf.score import captured_logging
 
@@ -400,6 +401,7 @@ def read_submissions(paths: list[str], default_ruleset: str) -> tuple[list[Impor
     or a number that cannot be is a SpecError (one line, nothing stored), raised before any of
     mlperf_logging's checkers sees the log. A run's id is the hash of its log's bytes: the same log
     under another folder is the same run."""
+    # mlperf_logging loads only when an import runs (report imports this module for its table)
     from trainperf.mlperf.log import check_ruleset, training_rulesets
 
     check_ruleset(default_ruleset)
@@ -459,6 +461,7 @@ def read_system(sys_file: Path, root: Path | None, where: str) -> tuple[dict | N
 def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str,
                        root: Path | None = None) -> tuple[list[ImportedRun], list[str]]:
     """The runs of one results/<system>/<benchmark> folder, or why they cannot be imported."""
+    # mlperf_logging loads only when an import runs
     from trainperf.mlperf.log import ruleset_benchmarks
 
     system_name, benchmark = bench_dir.parent.name, bench_dir.name
@@ -497,6 +500,7 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
                  accelerator: str, configs: list[Path], commons: list[Path], ruleset: str, root: Path | None = None,
                  allowed: list[str] | None = None) -> ImportedRun:
     """One published run as a store row (``missing`` says what stopped it)."""
+    # the log reader of `score` (mlperf_logging's parser), loaded only when an import runs
     from trainperf.mlperf.log import check_log_names, read_log
     from trainperf.mlperf.score import run_from_log
 

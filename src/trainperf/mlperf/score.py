@@ -140,6 +140,7 @@ def _check_ruleset(ruleset: str) -> None:
 def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: str | None = None) -> RunResult:
     """Parse one MLPerf log with mlperf_logging's own parser (bounded first: trainperf.mlperf.log.read_log);
     SpecError if it is no usable MLPerf log."""
+    # the reader loads mlperf_logging (numpy): only when a log is read, not when report imports this
     from trainperf.mlperf.log import read_log
 
     path = str(path)
@@ -156,6 +157,7 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
 def run_from_log(log: ParsedLog, run_id: str | None = None) -> RunResult:
     """What a score needs from a parsed log; the values it keeps are checked (a known MLPerf benchmark,
     a division of closed/open, finite numbers), else a one-line SpecError."""
+    # mlperf_logging's benchmark tables: only when a log is read
     from trainperf.mlperf.log import check_log_names, known_benchmarks
 
     path = log.path
