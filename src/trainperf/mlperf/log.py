@@ -87,7 +87,9 @@ MAX_LINE_CHARS = 16 * 1024
 MAX_RECORD_DEPTH = 16
 # the log keys whose values the installed compliance checker's rule files format into the name of
 # another rule file they load (common.yaml: submission_division; {closed,open}_common.yaml:
-# submission_benchmark); check_log_names holds each to an allow-list
+# submission_benchmark; older rulesets' closed_resnet.yaml formats opt_name, reached only for resnet,
+# which is never allowed here); check_log_names holds each to an allow-list, and checker_rule_file
+# refuses any rule file outside the package whatever the value
 PATH_KEYS = ("submission_division", "submission_benchmark")
 
 

@@ -162,7 +162,7 @@ def run_from_log(log: ParsedLog, run_id: str | None = None) -> RunResult:
 
     path = log.path
     label = f"run {run_id}: " if run_id else ""
-    shown = printable(repr(path))
+    shown = f"MLPerf log {printable(path)}"
     if not log.loglines:
         raise SpecError(f"{label}{shown} has no ':::MLLOG' lines: not an MLPerf log")
     r = RunResult(path=path, run_id=run_id, parse_errors=len(log.errors))
