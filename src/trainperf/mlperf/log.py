@@ -220,7 +220,7 @@ def check_log_names(log: ParsedLog, benchmarks: list[str] | tuple[str, ...]) -> 
     """Every value of the log that mlperf_logging's checkers make a file name of held to its allow-list
     (division in DIVISIONS, benchmark in ``benchmarks``), or a one-line SpecError naming the line:
     called before any checker sees the log, so no rule file outside the package is ever loaded."""
-    allowed = {"submission_division": tuple(DIVISIONS), "submission_benchmark": tuple(benchmarks)}
+    allowed = dict(zip(PATH_KEYS, (tuple(DIVISIONS), tuple(benchmarks))))
     shown = printable(log.path)
     for ll, number in zip(log.loglines, log.file_lines):
         if ll.key in allowed:
