@@ -618,7 +618,8 @@ def test_fuzz_config_scripts(tmp_path, monkeypatch):
             lines[i] = f"export {name}={rng.choice(CONFIG_VALUES)}"
         elif roll < 0.6:
             lines.insert(rng.randrange(len(lines) + 1), "source $(dirname ${BASH_SOURCE[0]})/" + rng.choice(
-                ["config_common.sh", "../../../../etc/passwd.sh", "..sh", "missing.sh", "config_DGXH200_1x8x2xtp1pp1cp2.sh"]))
+                ["config_common.sh", "../../../../etc/passwd.sh", "..sh", "missing.sh",
+                 "config_DGXH200_1x8x2xtp1pp1cp2.sh"]))
         elif roll < 0.65:
             lines.append("export X=" + "y" * rng.choice([100, 5000]))
         else:

@@ -27,7 +27,8 @@ from mlperf_logging.mllog import constants as C
 from mlperf_logging.mllog.mllog import MLLogger
 
 from trainperf.core.errors import SpecError
-from trainperf.core.untrusted import check_inside, finite_number, json_depth_ok, printable, read_untrusted_bytes, split_lines
+from trainperf.core.untrusted import (check_inside, finite_number, json_depth_ok, printable, read_untrusted_bytes,
+                                      split_lines)
 
 
 class RunLog:
@@ -232,7 +233,8 @@ def check_log_names(log: ParsedLog, benchmarks: list[str] | tuple[str, ...]) -> 
     first = next(((ll, n) for ll, n in zip(log.loglines, log.file_lines) if "submission_benchmark" in ll.full_string),
                  None)
     if first is not None and first[0].key != "submission_benchmark":
-        raise SpecError(f"MLPerf log {shown} line {first[1]}: names submission_benchmark in a {printable(first[0].key, 60)} "
+        raise SpecError(f"MLPerf log {shown} line {first[1]}: names submission_benchmark in a "
+                        f"{printable(first[0].key, 60)} "
                         "record before the submission_benchmark one; refused before any checker reads it")
 
 

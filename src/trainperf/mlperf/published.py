@@ -103,7 +103,8 @@ def read_config_script(path: Path, commons: list[Path], seen: set | None = None,
                             where=f"config script {path}"):
         if m := SOURCE_LINE.match(line):
             name = m.group(1)
-            beside = [p for p in path.parent.iterdir() if p.name == name and p.is_file()] if path.parent.is_dir() else []
+            listing = path.parent.iterdir() if path.parent.is_dir() else ()
+            beside = [p for p in listing if p.name == name and p.is_file()]
             sourced = beside[0] if beside else next((c for c in commons if c.name == name), None)
             if sourced is not None:
                 out.update(read_config_script(sourced, commons, seen, root, depth + 1))
@@ -238,7 +239,8 @@ def compliance_failure(log, ruleset: str) -> str | None:
 STEP_STATS = ("train_step_time", "train_step_timing in s", "throughput")
 
 
-def tracked_stats(loglines: list, where: str = "MLPerf log", file_lines: list[int] | None = None) -> dict[str, list[float]]:
+def tracked_stats(loglines: list, where: str = "MLPerf log",
+                  file_lines: list[int] | None = None) -> dict[str, list[float]]:
     """The log's tracked_stats values by name, in order, and max_sequence_length when logged; a step
     statistic (STEP_STATS) that is not a finite positive number, or a sequence length outside
     1..10,000,000, is a SpecError naming the line."""
@@ -351,7 +353,8 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
             reasons.append(f"{printable(path.name)}: DGXNGPU={node_gpus}, the system has {per_node} GPUs per node")
             continue
         if not lay["dp"]:
-            reasons.append(f"{printable(path.name)}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide {gpus} GPUs")
+            reasons.append(f"{printable(path.name)}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide "
+                           f"{gpus} GPUs")
             continue
         if lay["local_batch"] is not None and lay["local_batch"] * lay["dp"] != gbs:
             reasons.append(f"{printable(path.name)}: MINIBS {lay['local_batch']} x DP {lay['dp']} = "
@@ -472,7 +475,8 @@ def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str,
     if not logs:
         return [], [f"{where}: no result_*.txt"]
     if benchmark not in RECIPES:
-        return [], [f"{where}: benchmark {printable(repr(benchmark))} has no trainperf recipe (known: {', '.join(RECIPES)})"]
+        return [], [f"{where}: benchmark {printable(repr(benchmark))} has no trainperf recipe "
+                    f"(known: {', '.join(RECIPES)})"]
     allowed = sorted(set(RECIPES) & set(ruleset_benchmarks(ruleset)))
     if benchmark not in allowed:
         return [], [f"{where}: {benchmark} is not an MLPerf training {ruleset} benchmark (it has {', '.join(allowed)})"]
