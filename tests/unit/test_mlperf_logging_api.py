@@ -43,6 +43,12 @@ CALLS = [
     ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.put_message", ["msg"], []),
     ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.has_messages", [], []),
     ("mlperf_logging.compliance_checker.mlp_parser", "parse_file", ["filename"], ["ruleset"]),
+    # trainperf.mlperf.log reads a log line by line with the ruleset's parser, and keeps the checker to
+    # its own rule files by overriding the method that loads one
+    ("mlperf_logging.compliance_checker.mlp_parser.ruleset_410", "string_to_logline", ["lineno", "string"], []),
+    ("mlperf_logging.compliance_checker.mlp_parser", "parse_file_410", ["filename"], []),
+    ("mlperf_logging.compliance_checker.mlp_compliance", "ComplianceChecker.configured_checks",
+     ["loglines", "config_file"], []),
     ("mlperf_logging.benchmark_meta", "get_result_file_counts", ["usage"], []),
     ("mlperf_logging.benchmark_meta", "get_allowed_benchmarks", ["usage", "ruleset"], []),
     ("mlperf_logging.mllog.mllog", "MLLogger", [], ["logger", "default_stack_offset", "root_dir"]),

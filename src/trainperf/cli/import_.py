@@ -14,6 +14,7 @@ import sys
 
 from trainperf.cli.errors import EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import add_common
+from trainperf.core.untrusted import printable
 
 HELP = "read MLPerf submission folders into the store as runs of their engine"
 DESCRIPTION = ("Import published MLPerf Training results (<org>/results/<system>/<benchmark>/result_*.txt with "
@@ -40,32 +41,51 @@ def run(args) -> int:
         runs, problems = read_submissions(args.paths, args.ruleset)
     except (SpecError, OSError) as exc:
         return bad_input(str(exc), args.json)
+    # names from the folders are escaped where they are read; once more here, at the terminal
+    problems = [printable(line, 2000) for line in problems]
     for line in problems:
         print(f"trainperf: import: {line}", file=sys.stderr)
     if not runs:
         return bad_input(f"nothing to import from {' '.join(args.paths)} ({len(problems)} problems above)", args.json)
+    # a run's id is the hash of its log's bytes: the same log twice (a copied folder) is one row
+    first: dict[str, object] = {}
+    for r in runs:
+        first.setdefault(r.row["run_id"], r)
     store = Store(args.db)
     try:
-        written = set(store.import_runs([r.row for r in runs]))
+        stored = {rid for r in runs for rid in (r.row["run_id"], r.legacy_run_id) if rid and store.get_run(rid)}
+        fresh = [r for rid, r in first.items() if rid not in stored and r.legacy_run_id not in stored]
+        written = set(store.import_runs([r.row for r in fresh]))
     finally:
         store.close()
+    new_runs = {id(r) for r in runs if r.row["run_id"] in written and first[r.row["run_id"]] is r}
+    again: dict[str, int] = {}
+    for r in runs:
+        if id(r) not in new_runs:
+            again[r.where] = again.get(r.where, 0) + 1
+    folders = [f"{where} ({n})" for where, n in again.items()]
+    already = (f"{sum(again.values())} of these logs were already imported (the same log bytes as stored runs): "
+               + ", ".join(folders[:3]) + (f" and {len(folders) - 3} more folders" if len(folders) > 3 else "")) \
+        if again else None
     groups: dict[tuple, list] = {}
     for r in runs:
         hw = json.loads(r.row["hardware_json"])
         groups.setdefault((r.engine, r.row["workload"], hw["system"], hw["gpus"], r.row["layout"]), []).append(r)
-    summary = [{"engine": k[0], "benchmark": k[1], "system": k[2], "gpus": k[3], "layout": k[4], "runs": len(v),
-                "new": sum(r.row["run_id"] in written for r in v),
+    summary = [{"engine": printable(k[0], 40), "benchmark": k[1], "system": printable(k[2], 200), "gpus": k[3],
+                "layout": k[4], "runs": len(v), "new": sum(id(r) in new_runs for r in v),
                 "tokens_per_s_per_gpu": sorted(r.row["tokens_per_s_per_gpu"] for r in v)[len(v) // 2],
                 "minutes": sorted((r.row["time_to_train_s"] or 0) / 60 for r in v)[len(v) // 2]}
                for k, v in groups.items()]
     if args.json:
-        print(json.dumps({"imported": len(written), "already_stored": len(runs) - len(written), "groups": summary,
-                          "problems": problems}, indent=2))
+        print(json.dumps({"imported": len(new_runs), "already_stored": len(runs) - len(new_runs), "groups": summary,
+                          "already_imported": again, "problems": problems}, indent=2))
     else:
         for g in summary:
             print(f"{g['engine']:8s} {g['benchmark']:16s} {g['gpus']:5d} x {g['system'][:34]:34s} {g['layout']:26s} "
                   f"{g['runs']:2d} runs ({g['new']} new)  {g['tokens_per_s_per_gpu']:8,.0f} tok/s/GPU  "
                   f"median {g['minutes']:.2f} min")
-        print(f"imported {len(written)} runs into {args.db} ({len(runs) - len(written)} already there, "
+        if already:
+            print(already)
+        print(f"imported {len(new_runs)} runs into {printable(args.db)} ({len(runs) - len(new_runs)} already there, "
               f"{len(problems)} not imported)")
     return EXIT_OK

@@ -46,16 +46,23 @@ def _inside(path: Path, root: Path) -> bool:
         return False
 
 
+def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str = "file") -> Path:
+    """The real path of ``path``, refused unless it lies inside the real path of ``root`` (a link
+    that leaves the tree being read)."""
+    real = Path(os.path.realpath(path))
+    if not _inside(real, Path(os.path.realpath(root))):
+        raise SpecError(f"{what} {printable(path)} points outside {printable(root)} (to {printable(real)}); "
+                        "give a folder whose files are its own, not links elsewhere")
+    return real
+
+
 def read_untrusted_bytes(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
                          root: str | os.PathLike | None = None, what: str = "file") -> bytes:
     """The bytes of ``path``, refused unless it is a regular file of at most ``max_bytes`` whose real
     path lies inside ``root`` (when given). Never blocks on a FIFO or reads a device."""
     path = Path(path)
     shown = printable(path)
-    real = Path(os.path.realpath(path))
-    if root is not None and not _inside(real, Path(os.path.realpath(root))):
-        raise SpecError(f"{what} {shown} points outside {printable(root)} (to {printable(real)}); "
-                        "give a folder whose files are its own, not links elsewhere")
+    real = check_inside(path, root, what) if root is not None else Path(os.path.realpath(path))
     try:
         st = os.stat(real)
     except OSError as exc:
@@ -160,3 +167,25 @@ def finite_number(value: object, name: str, *, lo: float | None = None, hi: floa
     if hi is not None and number > hi:
         raise SpecError(f"{name} is {number:g}; give a number at most {hi:g}")
     return number
+
+
+def split_lines(text: str, *, max_chars: int, where: str, containing: str | None = None) -> list[str]:
+    """``text`` split as Python reads a text file (``\\n``, ``\\r\\n`` and ``\\r`` end a line), refused
+    when a line (one holding ``containing``, when given) is longer than ``max_chars``: a reader that
+    is slow in a line's length never sees a long one."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if len(line) > max_chars and (containing is None or containing in line):
+            raise SpecError(f"{printable(where)} line {number} is {len(line):,} characters, more than the "
+                            f"{max_chars:,} allowed; not a log this reader takes")
+    return lines
+
+
+def whole_number(value: object, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` (a number, or text holding one) as an int within [lo, hi], else a SpecError."""
+    number = finite_number(value, name, lo=lo, hi=hi)
+    if number != int(number):
+        raise SpecError(f"{name} is {number:g}; give a whole number")
+    return int(number)

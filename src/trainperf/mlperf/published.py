@@ -16,6 +16,8 @@ from pathlib import Path
 from trainperf.core import flops as metrics
 from trainperf.core.errors import SpecError
 from trainperf.core.hardware import peak_flops_for
+from trainperf.core.untrusted import (check_inside, finite_number, load_untrusted_json, printable, read_untrusted_bytes,
+                                      split_lines, whole_number)
 from trainperf.core.spec import RunSpec
 from trainperf.mlperf.recipes import RECIPES
 
@@ -65,6 +67,9 @@ class ImportedRun:
     engine: str = ""
     row: dict = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    where: str = ""  # round/org/results/system/benchmark, escaped for printing
+    sha256: str = ""  # of the log's bytes: the same log under another folder is the same run
+    legacy_run_id: str = ""  # the id earlier versions gave it (from its folder), to find it stored
 
 
 def _shell_value(raw: str) -> str:
@@ -74,32 +79,49 @@ def _shell_value(raw: str) -> str:
     return (m.group(1) if m else raw).strip("\"'")
 
 
-def read_config_script(path: Path, commons: list[Path], seen: set | None = None) -> dict[str, str]:
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_CONFIG_LINE = 4096  # the lazy source pattern is quadratic in a line's length; real lines are < 200
+MAX_SOURCE_DEPTH = 16
+
+
+def read_config_script(path: Path, commons: list[Path], seen: set | None = None, root: Path | None = None,
+                       depth: int = 0) -> dict[str, str]:
     """The exported variables of a config script and those it sources (a sourced file missing beside
     it is looked for among ``commons``, the config_common.sh of the benchmark's implementations);
-    later assignments win, as in bash."""
+    later assignments win, as in bash. Read as text only, never run: a regular file inside ``root``
+    (when given) of at most MAX_CONFIG_BYTES, lines of at most MAX_CONFIG_LINE characters; a sourced
+    file is found by name among the files beside it, never by a path built from the script."""
     seen = seen if seen is not None else set()
     if path in seen:
         return {}
+    if depth > MAX_SOURCE_DEPTH:
+        raise SpecError(f"config script {printable(path)} sources scripts more than {MAX_SOURCE_DEPTH} deep")
     seen.add(path)
+    data = read_untrusted_bytes(path, max_bytes=MAX_CONFIG_BYTES, root=root, what="config script")
     out: dict[str, str] = {}
-    for line in path.read_text(errors="replace").splitlines():
+    for line in split_lines(data.decode("utf-8", errors="replace"), max_chars=MAX_CONFIG_LINE,
+                            where=f"config script {path}"):
         if m := SOURCE_LINE.match(line):
-            sourced = path.parent / m.group(1)
-            sourced = sourced if sourced.is_file() else next((c for c in commons if c.name == m.group(1)), None)
+            name = m.group(1)
+            listing = path.parent.iterdir() if path.parent.is_dir() else ()
+            beside = [p for p in listing if p.name == name and p.is_file()]
+            sourced = beside[0] if beside else next((c for c in commons if c.name == name), None)
             if sourced is not None:
-                out.update(read_config_script(sourced, commons, seen))
+                out.update(read_config_script(sourced, commons, seen, root, depth + 1))
         elif m := EXPORT_LINE.match(line) or DEFAULT_LINE.match(line):
             out[m.group(1)] = _shell_value(m.group(2))
     return out
 
 
 def _first_int(env: dict[str, str], names: tuple[str, ...]) -> int | None:
+    """The first of ``names`` set to a number (truncated, as before), None when none is; a number that
+    is not finite or outside 0..1,000,000 is a SpecError (no layout has such a degree)."""
     for name in names:
         try:
-            return int(float(env[name]))
+            number = float(env[name])
         except (KeyError, ValueError):
             continue
+        return int(finite_number(number, f"{name}={printable(env[name], 40)}", lo=0, hi=1_000_000))
     return None
 
 
@@ -169,47 +191,74 @@ def engine_name(config: Path | None, system: dict) -> str:
     named = [w for w in ENGINE_WORDS if re.search(rf"\b{w}\b", framework)]
     if named:
         return named[0]
-    return folder_word if folder_word and not re.fullmatch(r"n?\d+", folder_word) else ""
+    return printable(folder_word, 40) if folder_word and not re.fullmatch(r"n?\d+", folder_word) else ""
 
 
-def parsed_log(path: Path, ruleset: str) -> tuple[list, list]:
-    """(log lines, parse errors) of an MLPerf log, by mlperf-logging's parser: read once, used by the
-    compliance check and the tracked_stats below."""
-    from mlperf_logging.compliance_checker.mlp_parser import parse_file
-
-    return parse_file(str(path), ruleset=ruleset)
-
-
-def compliance_failure(loglines: list, errors: list, ruleset: str) -> str | None:
+def compliance_failure(log, ruleset: str) -> str | None:
     """The compliance checker's first complaint about a parsed log (None when it passes), as its
-    check_file would report it."""
+    check_file would report it. The log's names must have passed mlperf.log.check_log_names; the
+    checker is kept to the package's own rule files all the same (checker_rule_file)."""
     # the package's own checker, in-process (the CLI form spawns an interpreter per log)
     from mlperf_logging.compliance_checker import mlp_compliance
 
+    # the same package's guards and logging capture, loaded with the checker
+    from trainperf.mlperf.log import check_ruleset, checker_rule_file
     from trainperf.mlperf.score import captured_logging
 
-    checker = mlp_compliance.make_checker("training", ruleset, True, False)
-    if errors:
+    check_ruleset(ruleset, "ruleset")
+
+    class PackageRulesOnly(mlp_compliance.ComplianceChecker):
+        def configured_checks(self, loglines, config_file):
+            # a rule file is code the checker execs: only the package's own, whatever a log names
+            real = checker_rule_file(os.path.relpath(config_file, os.path.dirname(mlp_compliance.__file__)))
+            if os.path.isfile(real):  # a missing one is already the checker's "Could not find config file"
+                return super().configured_checks(loglines, real)
+            return None
+
+    checker = PackageRulesOnly("training", ruleset, True, False)
+    if log.errors:
         checker.put_message("Log lines had parsing errors.")
-    with captured_logging() as records:
-        checker.check_loglines(loglines, f"training_{ruleset}/common.yaml")
+    # the package queues rule files in a module-level list: start empty, and leave nothing behind
+    mlp_compliance.enqueued_configs.clear()
+    try:
+        with captured_logging() as records:
+            checker.check_loglines(log.loglines, f"training_{ruleset}/common.yaml")
+    except SpecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- its rules evaluate the log's values unguarded in places
+        return printable(f"its rules could not evaluate this log ({type(exc).__name__}: {exc})", 200)
+    finally:
+        mlp_compliance.enqueued_configs.clear()
     if not checker.has_messages():
         return None
     messages = [*checker.overwritable.values(), *checker.not_overwritable] or [r.getMessage() for r in records]
-    return " ".join(str(messages[0]).split())[:200] if messages else "failed"
+    return printable(" ".join(str(messages[0]).split()), 200) if messages else "failed"
 
 
-def tracked_stats(loglines: list) -> dict[str, list[float]]:
-    """The log's tracked_stats values by name, in order, and max_sequence_length when logged."""
+# the tracked_stats trainperf reads a step time from; each value used must be a finite positive number
+STEP_STATS = ("train_step_time", "train_step_timing in s", "throughput")
+
+
+def tracked_stats(loglines: list, where: str = "MLPerf log",
+                  file_lines: list[int] | None = None) -> dict[str, list[float]]:
+    """The log's tracked_stats values by name, in order, and max_sequence_length when logged; a step
+    statistic (STEP_STATS) that is not a finite positive number, or a sequence length outside
+    1..10,000,000, is a SpecError naming the line."""
     out: dict[str, list[float]] = {}
-    for ll in loglines:
+    numbers = file_lines or [getattr(ll, "lineno", 0) + 1 for ll in loglines]
+    for ll, no in zip(loglines, numbers):
         v = ll.value if isinstance(ll.value, dict) else {}
         if ll.key == "tracked_stats" and isinstance(v.get("value"), dict):
             for name, x in v["value"].items():
-                if isinstance(x, (int, float)):
+                if name in STEP_STATS:
+                    out.setdefault(name, []).append(
+                        finite_number(x, f"{printable(where)} line {no}: tracked_stats.{printable(name, 40)}",
+                                      lo=0, lo_open=True))
+                elif isinstance(x, (int, float)) and not isinstance(x, bool):
                     out.setdefault(name, []).append(float(x))
         elif ll.key == "max_sequence_length" and isinstance(v.get("value"), int):
-            out["max_sequence_length"] = [float(v["value"])]
+            out["max_sequence_length"] = [float(whole_number(v["value"], f"{printable(where)} line {no}: "
+                                                             "max_sequence_length", lo=1, hi=10_000_000))]
     return out
 
 
@@ -234,9 +283,11 @@ def step_seconds_from_blocks(loglines: list, gbs: int, seq_len: int) -> tuple[fl
     for ll in loglines:
         meta = ll.value.get("metadata", {}) if isinstance(ll.value, dict) else {}
         first, count = meta.get("first_epoch_num"), meta.get("epoch_count")
+        if isinstance(first, bool) or not isinstance(first, (int, float, str)):
+            continue  # only a scalar names a block
         if ll.key == "block_start":
             starts[first] = ll.timestamp
-        elif ll.key == "block_stop" and first in starts and isinstance(count, (int, float)) and count > 0:
+        elif ll.key == "block_stop" and first in starts and isinstance(count, (int, float)) and 0 < count < 1e15:
             per_step = gbs * seq_len if seq_len and count % (gbs * seq_len) == 0 else gbs
             if count % per_step == 0 and ll.timestamp > starts[first]:
                 rates.append((ll.timestamp - starts[first]) / 1000 / (count // per_step))
@@ -274,7 +325,8 @@ def named_gpu_family(text: str) -> str | None:
 
 
 def matching_config(configs: list[Path], commons: list[Path], system_name: str, gpus: int, nodes: int,
-                    gbs: int, per_node: int | None = None, accelerator: str = "") -> tuple[Path | None, dict, str]:
+                    gbs: int, per_node: int | None = None, accelerator: str = "",
+                    root: Path | None = None) -> tuple[Path | None, dict, str]:
     """The config that ran this system: a launch config (it sets DGXNNODES or DGXNGPU; fragments such as
     config_fp8.sh do not) whose nodes, GPUs per node and per-rank batch x data-parallel ranks agree with
     the system and the log's GBS; the closest to the system first (config_affinity). (path, layout, why
@@ -282,26 +334,30 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
     candidates = sorted(configs, key=lambda c: -config_affinity(c, system_name))
     reasons = []
     for path in candidates:
-        env = read_config_script(path, commons)
-        lay = config_layout(env, gpus)
-        node_gpus = _first_int(env, ("DGXNGPU",))
+        env = read_config_script(path, commons, root=root)
+        try:
+            lay = config_layout(env, gpus)
+            node_gpus = _first_int(env, ("DGXNGPU",))
+        except SpecError as exc:
+            raise SpecError(f"config script {printable(path)}: {exc}") from None
         if lay["nodes"] is None and node_gpus is None:
             continue  # a fragment another config sources, not a run's config
         family = named_gpu_family(path.name)
         if family and accelerator and named_gpu_family(accelerator) not in (None, family):
-            reasons.append(f"{path.name}: written for {family} GPUs, the system has {accelerator}")
+            reasons.append(f"{printable(path.name)}: written for {family} GPUs, the system has {accelerator}")
             continue
         if lay["nodes"] not in (None, nodes):
-            reasons.append(f"{path.name}: DGXNNODES={lay['nodes']}, the system has {nodes} nodes")
+            reasons.append(f"{printable(path.name)}: DGXNNODES={lay['nodes']}, the system has {nodes} nodes")
             continue
         if per_node and node_gpus not in (None, per_node):
-            reasons.append(f"{path.name}: DGXNGPU={node_gpus}, the system has {per_node} GPUs per node")
+            reasons.append(f"{printable(path.name)}: DGXNGPU={node_gpus}, the system has {per_node} GPUs per node")
             continue
         if not lay["dp"]:
-            reasons.append(f"{path.name}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide {gpus} GPUs")
+            reasons.append(f"{printable(path.name)}: TP{lay['tp']} PP{lay['pp']} CP{lay['cp']} does not divide "
+                           f"{gpus} GPUs")
             continue
         if lay["local_batch"] is not None and lay["local_batch"] * lay["dp"] != gbs:
-            reasons.append(f"{path.name}: MINIBS {lay['local_batch']} x DP {lay['dp']} = "
+            reasons.append(f"{printable(path.name)}: MINIBS {lay['local_batch']} x DP {lay['dp']} = "
                            f"{lay['local_batch'] * lay['dp']}, the log's global_batch_size is {gbs}")
             continue
         return path, lay, ""
@@ -341,79 +397,142 @@ def read_submissions(paths: list[str], default_ruleset: str) -> tuple[list[Impor
     """Every result_*.txt of the submission folders at ``paths``: (runs that are complete, one line per
     thing that stopped a folder or a log from being imported). A run is complete with its benchmark,
     GPUs, layout (from the config that matches it), GBS, step time or throughput and a passing
-    compliance check; anything short of that is reported, not stored in part."""
+    compliance check; anything short of that is reported, not stored in part.
+
+    Every file is read as untrusted (docs/TRUST.md): a file that is not a regular one, a link out of the
+    folder given, an oversized file or line, malformed JSON or records, a name outside its allow-list
+    or a number that cannot be is a SpecError (one line, nothing stored), raised before any of
+    mlperf_logging's checkers sees the log. A run's id is the hash of its log's bytes: the same log
+    under another folder is the same run."""
+    # mlperf_logging loads only when an import runs (report imports this module for its table)
+    from trainperf.mlperf.log import check_ruleset, training_rulesets
+
+    check_ruleset(default_ruleset)
+    installed = training_rulesets()
     runs, problems = [], []
     for raw in paths:
         path = Path(raw)
         orgs = submission_org_dirs(path) if path.is_dir() else []
         if not orgs:
-            problems.append(f"{raw}: not an MLPerf submission folder (expected <org>/results/<system>/<benchmark>/"
-                            "result_*.txt, or a round folder holding such orgs)")
+            problems.append(f"{printable(raw)}: not an MLPerf submission folder (expected <org>/results/<system>/"
+                            "<benchmark>/result_*.txt, or a round folder holding such orgs)")
         for org_dir in orgs:
+            check_inside(org_dir, path, "submission folder")
             ruleset = round_ruleset(org_dir, default_ruleset)
+            if ruleset not in installed:
+                problems.append(f"{printable(org_dir.parent.name)}/{printable(org_dir.name)}: the installed "
+                                f"mlperf_logging has no training ruleset {ruleset} for round {round_name(org_dir)} "
+                                f"(it has {', '.join(installed)})")
+                continue
             for bench_dir in sorted(p for p in (org_dir / "results").glob("*/*") if p.is_dir()):
-                got, missing = read_benchmark_dir(org_dir, bench_dir, ruleset)
+                check_inside(bench_dir, path, "results folder")
+                got, missing = read_benchmark_dir(org_dir, bench_dir, ruleset, root=path)
                 runs += got
                 problems += missing
     return runs, problems
 
 
-def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str) -> tuple[list[ImportedRun], list[str]]:
+MAX_SYSTEM_BYTES = 1024 * 1024
+# the system description fields read as names; each must be text when present
+SYSTEM_TEXT = ("system_name", "accelerator_model_name", "framework", "framework_name", "host_networking",
+               "accelerator_interconnect")
+
+
+def read_system(sys_file: Path, root: Path | None, where: str) -> tuple[dict | None, str]:
+    """(the system description's fields trainperf reads, why none): a missing file or field is a reason;
+    a file that is not a regular one inside ``root``, not JSON, too deep or big, or a field of the wrong
+    type or out of range is a SpecError."""
+    if not sys_file.exists() and not sys_file.is_symlink():
+        return None, f"{where}: no system description systems/{printable(sys_file.name)}"
+    system = load_untrusted_json(sys_file, max_bytes=MAX_SYSTEM_BYTES, root=root, what="system description")
+    shown = f"system description {printable(sys_file)}"
+    if not isinstance(system, dict):
+        raise SpecError(f"{shown}: a JSON {type(system).__name__} where an object belongs")
+    absent = [k for k in ("number_of_nodes", "accelerators_per_node", "accelerator_model_name") if k not in system]
+    if absent:
+        return None, f"{where}: system description {printable(sys_file.name)} incomplete (no {', '.join(absent)})"
+    for k in SYSTEM_TEXT:
+        if k in system and not isinstance(system[k], str):
+            raise SpecError(f"{shown}: {k} is a JSON {type(system[k]).__name__}, not text")
+    out = {k: printable(system[k]) for k in SYSTEM_TEXT if k in system}
+    out["number_of_nodes"] = whole_number(system["number_of_nodes"], f"{shown}: number_of_nodes", lo=1, hi=100_000)
+    out["accelerators_per_node"] = whole_number(system["accelerators_per_node"], f"{shown}: accelerators_per_node",
+                                                lo=1, hi=1024)
+    return out, ""
+
+
+def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str,
+                       root: Path | None = None) -> tuple[list[ImportedRun], list[str]]:
     """The runs of one results/<system>/<benchmark> folder, or why they cannot be imported."""
+    # mlperf_logging loads only when an import runs
+    from trainperf.mlperf.log import ruleset_benchmarks
+
     system_name, benchmark = bench_dir.parent.name, bench_dir.name
-    where = f"{round_name(org_dir) or org_dir.parent.name}/{org_dir.name}/results/{system_name}/{benchmark}"
+    where = "/".join(printable(p) for p in (round_name(org_dir) or org_dir.parent.name, org_dir.name, "results",
+                                            system_name, benchmark))
     logs = sorted(bench_dir.glob("result_*.txt"), key=lambda p: [int(t) if t.isdigit() else t
                                                                  for t in re.split(r"(\d+)", p.name)])
     if not logs:
         return [], [f"{where}: no result_*.txt"]
     if benchmark not in RECIPES:
-        return [], [f"{where}: benchmark {benchmark!r} has no trainperf recipe (known: {', '.join(RECIPES)})"]
-    sys_file = org_dir / "systems" / f"{system_name}.json"
-    try:
-        system = json.loads(sys_file.read_text())
-        nodes, per_node = int(system["number_of_nodes"]), int(system["accelerators_per_node"])
-        accelerator = str(system["accelerator_model_name"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return [], [f"{where}: system description {sys_file.name} unreadable or incomplete ({type(exc).__name__}: {exc})"]
-    gpus = nodes * per_node
+        return [], [f"{where}: benchmark {printable(repr(benchmark))} has no trainperf recipe "
+                    f"(known: {', '.join(RECIPES)})"]
+    allowed = sorted(set(RECIPES) & set(ruleset_benchmarks(ruleset)))
+    if benchmark not in allowed:
+        return [], [f"{where}: {benchmark} is not an MLPerf training {ruleset} benchmark (it has {', '.join(allowed)})"]
+    system, why = read_system(org_dir / "systems" / f"{system_name}.json", root, where)
+    if system is None:
+        return [], [why]
+    nodes, per_node = system["number_of_nodes"], system["accelerators_per_node"]
     configs, commons = implementation_configs(org_dir, benchmark)
     out, problems = [], []
     for log in logs:
-        item = read_one_log(log, where, system, system_name, benchmark, nodes, per_node, accelerator, configs, commons,
-                            ruleset)
+        item = read_one_log(log, where, system, printable(system_name), benchmark, nodes, per_node,
+                            system["accelerator_model_name"], configs, commons, ruleset, root=root,
+                            allowed=allowed)
         (out.append(item) if not item.missing else problems.extend(item.missing))
     return out, problems
 
 
-def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmark: str, nodes: int, per_node: int,
-                 accelerator: str, configs: list[Path], commons: list[Path], ruleset: str) -> ImportedRun:
-    """One published run as a store row (``missing`` says what stopped it)."""
-    # the log reader of `score` (mlperf_logging's parser), the same package
-    from trainperf.mlperf.score import read_run
+# a model FLOP rate above four times the GPU's dense bf16 peak (its 4-bit peak) is not a measurement;
+# without a known peak, above 10 PFLOP/s per GPU
+MAX_MFU = 4.0
+MAX_FLOPS_PER_GPU = 1e16
 
-    item, label, gpus = ImportedRun(path=str(log)), f"{where}/{log.name}", nodes * per_node
-    try:
-        run = read_run(log, ruleset)
-    except SpecError as exc:
-        item.missing.append(f"{label}: {exc}")
-        return item
+
+def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmark: str, nodes: int, per_node: int,
+                 accelerator: str, configs: list[Path], commons: list[Path], ruleset: str, root: Path | None = None,
+                 allowed: list[str] | None = None) -> ImportedRun:
+    """One published run as a store row (``missing`` says what stopped it)."""
+    # the log reader of `score` (mlperf_logging's parser), loaded only when an import runs
+    from trainperf.mlperf.log import check_log_names, read_log
+    from trainperf.mlperf.score import run_from_log
+
+    item, label, gpus = ImportedRun(path=str(log), where=where), f"{where}/{printable(log.name)}", nodes * per_node
+    parsed = read_log(log, ruleset, root=root)
+    # before any checker: the values mlperf_logging would make a rule file's name of
+    check_log_names(parsed, allowed or [benchmark])
+    run = run_from_log(parsed)
+    item.sha256 = parsed.sha256
+    item.legacy_run_id = "imp-" + hashlib.sha1(f"{where}/{log.name}".encode()).hexdigest()[:12]
     if run.benchmark != benchmark:
         item.missing.append(f"{label}: logs submission_benchmark {run.benchmark!r} in a {benchmark} folder")
-    loglines, errors = parsed_log(log, ruleset)
-    failure = compliance_failure(loglines, errors, ruleset)
+        return item
+    failure = compliance_failure(parsed, ruleset)
     if failure:
         item.missing.append(f"{label}: fails the {ruleset} compliance checker: {failure}")
-    gbs = int(run.gbs) if isinstance(run.gbs, (int, float)) else 0
+    gbs = whole_number(run.gbs, f"{label}: global_batch_size", lo=1, hi=100_000_000) if run.gbs is not None else 0
     if not gbs:
         item.missing.append(f"{label}: no global_batch_size logged")
-    config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs, per_node, accelerator)
+    config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs, per_node, accelerator,
+                                       root=root)
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
-    stats = tracked_stats(loglines)
+    stats = tracked_stats(parsed.loglines, label, parsed.file_lines)
     seq = int(stats["max_sequence_length"][0]) if stats.get("max_sequence_length") else None
     step_s, basis = step_seconds_from_stats(stats, gbs) if gbs else (None, "")
     if step_s is None and gbs:
-        step_s, basis = step_seconds_from_blocks(loglines, gbs, seq or recipe_spec(benchmark, gbs).data.seq_len)
+        step_s, basis = step_seconds_from_blocks(parsed.loglines, gbs, seq or recipe_spec(benchmark, gbs).data.seq_len)
     if step_s is None:
         item.missing.append(f"{label}: no throughput (no tracked_stats train_step_time or throughput, and not "
                             "two training blocks with an epoch_count of whole steps)")
@@ -422,28 +541,36 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     item.engine = engine_name(config, system) or "unknown"
     spec = run_spec(benchmark, gbs, seq, lay)
     seq = spec.data.seq_len
-    tokens_per_s = gbs * seq / step_s
+    step_s = finite_number(step_s, f"{label}: the step time from {basis}", lo=0, lo_open=True)
+    tokens_per_s = finite_number(gbs * seq / step_s, f"{label}: tokens/s from {basis}", lo=0, lo_open=True)
     # MFU as for our runs: the model's own FLOPs against the dense bf16 peak (989 TFLOP/s for H100/H200)
     flops = metrics.train_flops_per_token(spec.model, spec.lora, seq) * tokens_per_s / gpus
-    key = "/".join([where, log.name])
+    peak = peak_flops_for(accelerator)
+    mfu = metrics.mfu(1.0, flops, peak)
+    if (mfu is not None and mfu > MAX_MFU) or flops > MAX_FLOPS_PER_GPU:
+        raise SpecError(f"{label}: {basis} gives {flops / 1e12:,.4g} model TFLOP/s per GPU"
+                        + (f" ({mfu:.3g} x the GPU's bf16 peak)" if mfu is not None else "")
+                        + ": not a throughput a GPU can reach; refused")
+    minutes = run.minutes if run.success else None
     item.row = {
-        "run_id": "imp-" + hashlib.sha1(key.encode()).hexdigest()[:12],
+        "run_id": "imp-" + parsed.sha256[:16],
         "created_at": (run.run_start_ms or 0.0) / 1000, "finished_at": (run.run_stop_ms or 0.0) / 1000 or None,
         "workload": benchmark, "status": "success" if run.success else "failed",
-        "status_reason": None if run.success else run.failure, "division": run.division, "comparable": 0,
+        "status_reason": None if run.success else printable(run.failure), "division": run.division, "comparable": 0,
         "spec_json": json.dumps(spec.to_dict(), sort_keys=True), "layout": layout_label(lay), "world_size": gpus,
         "hardware_json": json.dumps({"device": "cuda", "gpu": accelerator, "gpus": gpus, "nodes": nodes,
                                      "gpus_per_node": per_node, "system": system.get("system_name", system_name),
                                      "network": system.get("host_networking", ""),
                                      "interconnect": system.get("accelerator_interconnect", "")}),
         "software_json": json.dumps({"framework": system.get("framework", ""), "org": submitter(run.org, where),
-                                     "round": Path(where).parts[0], "config": str(config), "step_time_basis": basis,
+                                     "round": Path(where).parts[0], "config": printable(config, 1000),
+                                     "step_time_basis": basis, "log_sha256": parsed.sha256,
                                      "precision": ("fp8" + (" (+fp8 attention)" if lay["fp8_attention"] else ""))
                                      if lay["fp8"] else "bf16"}),
-        "time_to_train_s": run.minutes * 60 if run.success else None,
+        "time_to_train_s": minutes * 60 if minutes is not None else None,
         "samples_to_target": run.samples_to_converge, "step_time_s": step_s, "tokens_per_s": tokens_per_s,
         "tokens_per_s_per_gpu": tokens_per_s / gpus, "model_tflops_per_gpu": flops / 1e12,
-        "mfu": metrics.mfu(1.0, flops, peak_flops_for(accelerator)), "out_dir": str(log.parent), "mllog_path": str(log),
+        "mfu": mfu, "out_dir": str(log.parent), "mllog_path": str(log),
         "engine": item.engine,
     }
     return item
@@ -453,7 +580,7 @@ def submitter(logged_org: str | None, where: str) -> str:
     """The submitting organisation: as logged, unless the log kept the template's placeholder
     (SUBMISSION_ORG_PLACEHOLDER) or none, then the org folder's name."""
     if logged_org and "placeholder" not in logged_org.lower():
-        return logged_org
+        return printable(logged_org)
     return Path(where).parts[1]
 
 

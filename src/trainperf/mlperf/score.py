@@ -35,13 +35,17 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from trainperf import __version__
 from trainperf.core.errors import SpecError
 from trainperf.core.results import OUR_ENGINE, engine_of
+from trainperf.core.untrusted import finite_number, printable
 from trainperf.mlperf.recipes import RCP_UNIT
 from trainperf.store.db import Store, StoreError
+
+if TYPE_CHECKING:
+    from trainperf.mlperf.log import ParsedLog
 
 # mlperf_logging is imported inside the functions that call it: its RCP checker loads scipy (seconds),
 # which `trainperf plan` and `report` need only when they read an RCP
@@ -134,22 +138,40 @@ def _check_ruleset(ruleset: str) -> None:
 
 
 def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: str | None = None) -> RunResult:
-    """Parse one MLPerf log with mlperf_logging's own parser; SpecError if it is no usable MLPerf log."""
-    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+    """Parse one MLPerf log with mlperf_logging's own parser (bounded first: trainperf.mlperf.log.read_log);
+    SpecError if it is no usable MLPerf log."""
+    # the reader loads mlperf_logging (numpy): only when a log is read, not when report imports this
+    from trainperf.mlperf.log import read_log
 
     path = str(path)
     label = f"run {run_id}: " if run_id else ""
     if not os.path.isfile(path):
-        raise SpecError(f"{label}MLPerf log {path!r} does not exist")
+        raise SpecError(f"{label}MLPerf log {printable(repr(path))} does not exist")
     try:
-        loglines, errors = parse_file(path, ruleset=ruleset)
-    except OSError as exc:
-        raise SpecError(f"{label}cannot read MLPerf log {path!r} ({exc.strerror or exc})") from None
-    if not loglines:
-        raise SpecError(f"{label}{path!r} has no ':::MLLOG' lines: not an MLPerf log")
-    r = RunResult(path=path, run_id=run_id, parse_errors=len(errors))
+        log = read_log(path, ruleset)
+    except SpecError as exc:
+        raise SpecError(f"{label}{exc}") from None
+    return run_from_log(log, run_id)
+
+
+def run_from_log(log: ParsedLog, run_id: str | None = None) -> RunResult:
+    """What a score needs from a parsed log; the values it keeps are checked (a known MLPerf benchmark,
+    a division of closed/open, finite numbers), else a one-line SpecError."""
+    # mlperf_logging's benchmark tables: only when a log is read
+    from trainperf.mlperf.log import check_log_names, known_benchmarks
+
+    path = log.path
+    label = f"run {run_id}: " if run_id else ""
+    shown = f"MLPerf log {printable(path)}"
+    if not log.loglines:
+        raise SpecError(f"{label}{shown} has no ':::MLLOG' lines: not an MLPerf log")
+    r = RunResult(path=path, run_id=run_id, parse_errors=len(log.errors))
     last_eval_samples = last_eval_epoch = None
-    for ll in loglines:
+
+    def number(value, what: str, ll_no: int, lo: float = 0):
+        return finite_number(value, f"{label}{shown} line {ll_no}: {what}", lo=lo)
+
+    for ll, no in zip(log.loglines, log.file_lines or [ll.lineno + 1 for ll in log.loglines]):
         v = ll.value if isinstance(ll.value, dict) else {}
         value, meta = v.get("value"), v.get("metadata") or {}
         k = ll.key
@@ -164,6 +186,7 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
         elif k == "submission_status":
             r.submission_status = value
         elif k == "global_batch_size":
+            number(value, "global_batch_size", no, lo=1)
             r.gbs = value
         elif k == "seed":
             r.seeds.append(value)
@@ -175,9 +198,10 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
             r.run_start_ms = ll.timestamp
         elif k == "eval_accuracy" and r.run_stop_ms is None:
             if "samples_count" in meta:
+                number(meta["samples_count"], "eval_accuracy samples_count", no)
                 last_eval_samples = meta["samples_count"]
             if "epoch_num" in meta:
-                last_eval_epoch = meta["epoch_num"]
+                last_eval_epoch = number(meta["epoch_num"], "eval_accuracy epoch_num", no)
         elif k == "run_stop" and r.run_stop_ms is None:
             r.run_stop_ms = ll.timestamp
             r.stop_status = meta.get("status")
@@ -187,7 +211,16 @@ def read_run(path: str | os.PathLike, ruleset: str = DEFAULT_RULESET, run_id: st
                 else:
                     r.samples_to_converge = last_eval_samples
     if not r.benchmark:
-        raise SpecError(f"{label}{path!r} logs no submission_benchmark: cannot tell what it is a run of")
+        raise SpecError(f"{label}{shown} logs no submission_benchmark: cannot tell what it is a run of")
+    # the names mlperf_logging's checkers build file names from: held to what the package knows
+    check_log_names(log, known_benchmarks())
+    for attr in ("org", "platform", "submission_status"):
+        if getattr(r, attr) is not None and not isinstance(getattr(r, attr), str):
+            raise SpecError(f"{label}{shown}: submission_{attr.removeprefix('submission_')} is "
+                            f"{printable(repr(getattr(r, attr)), 60)}; give text")
+    if r.has_times and r.run_stop_ms < r.run_start_ms:
+        raise SpecError(f"{label}{shown}: run_stop ({r.run_stop_ms:.0f} ms) comes before run_start "
+                        f"({r.run_start_ms:.0f} ms)")
     return r
 
 
