@@ -15,7 +15,7 @@ from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
 from tests.fixtures.report import fill_operator_store
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, read_submissions, run_spec
-from trainperf.mlperf.score import check_one_engine, gather_runs, one_engine
+from trainperf.mlperf.score import check_one_engine, gather, gather_runs, one_engine
 from trainperf.report.html import olympic_scores, plotted_imported_rows, published_points_for, render, split_imported
 from trainperf.report.plots import time_to_train_png
 from trainperf.report.projection import project
@@ -138,8 +138,11 @@ def test_score_sets_hold_one_engine(mixed_store, tmp_path):
         gather_runs(["70b-8-0", "imp-8-0"], db=str(tmp_path / "t.db"))
     got = gather_runs(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", engine="nemo")
     assert sorted(r.run_id for r in got) == sorted(f"imp-8-{i}" for i in range(10))  # NeMo's ten, none of ours
-    with pytest.raises(SpecError, match="70b-16"):  # the newest runs are ours: ours alone are gathered
-        gather_runs(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", last=20)
+    # the newest runs with logs are ours at 8 GPUs: that set alone, never NeMo's runs nor our 16-GPU ones
+    ours = gather(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", last=20)
+    assert sorted(r.run_id for r in ours.runs) == [f"70b-8-{i}" for i in range(5)]
+    assert ours.run_set == "trainperf, 8 × NVIDIA H200, DP8, GBS 8, MBS 1"
+    assert ours.other_sets == ["nemo, v4.1 NVIDIA DGX H200, 8 × NVIDIA H200-SXM5-141GB, DP8, GBS 8, MBS 1 (10 runs)"]
 
 
 @pytest.mark.skipif(not (H200_SUBMISSION / "results" / "h200_ngc24.09_nemo").is_dir(),

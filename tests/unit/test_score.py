@@ -127,7 +127,7 @@ def test_rcp_fail_converging_too_fast(tmp_path, capsys):
     assert rc == 1 and d["valid"] is False
     assert d["rcp"]["passed"] is False and "RCP check failed: RCP found" in d["reason"]
     assert d["rcp"]["submission_mean"] == pytest.approx(2688) and d["scaling_factor"] == 1.0
-    assert d["score_minutes"] == pytest.approx(TEN_OLYMPIC)  # computed, but not valid
+    assert d["score_minutes"] is None and d["olympic_mean_minutes"] == pytest.approx(TEN_OLYMPIC)  # no score
 
 
 def test_rcp_interpolated_gbs(tmp_path):
