@@ -39,7 +39,9 @@ from typing import Any, Iterator
 
 from trainperf import __version__
 from trainperf.core.errors import SpecError
+from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
+from trainperf.core.untrusted import printable
 from trainperf.mlperf.recipes import RCP_UNIT
 from trainperf.store.db import Store, StoreError
 
@@ -336,24 +338,31 @@ class RunSet:
     layout: str
     gbs: Any
     mbs: Any
+    precision: str = "bf16"  # fp8 when the run's GEMMs ran in float8 (hardware.fp8)
 
     @property
     def label(self) -> str:
         where = f"{self.gpus} × {self.gpu}" if self.gpu else f"{self.gpus} CPU processes"
         return (f"{self.engine}, {self.system + ', ' if self.system else ''}{where}, {self.layout or '-'}, "
-                f"GBS {'-' if self.gbs is None else self.gbs}, MBS {'-' if self.mbs is None else self.mbs}")
+                f"GBS {'-' if self.gbs is None else self.gbs}, MBS {'-' if self.mbs is None else self.mbs}"
+                + (f", {self.precision}" if self.precision != "bf16" else ""))
+
+
+def precision_of(row: dict) -> str:
+    """fp8 when a stored run's GEMMs ran in float8 (its spec's hardware.fp8, as this engine runs it and as
+    `trainperf import` records a submission's FP8 config), else bf16."""
+    hw = _row_json(row, "spec_json").get("hardware")
+    return "fp8" if isinstance(hw, dict) and hw.get("fp8") not in (None, "", "none") else "bf16"
 
 
 def run_set_of(row: dict) -> RunSet:
     """The set a stored run belongs to (RunSet)."""
-    from trainperf.core.layout import degrees_name
-
     spec = _row_json(row, "spec_json")
     parallel, train = spec.get("parallel"), spec.get("train")
     train = train if isinstance(train, dict) else {}
     return RunSet(engine_of(row), system_of_row(row), _text(_row_json(row, "hardware_json").get("gpu")),
                   int(row.get("world_size") or 0), degrees_name(parallel) if isinstance(parallel, dict) else "",
-                  train.get("global_batch_size"), train.get("micro_batch_size"))
+                  train.get("global_batch_size"), train.get("micro_batch_size"), precision_of(row))
 
 
 def _matches_layout(layout: str, wanted: str) -> bool:
@@ -994,8 +1003,6 @@ def print_score(score: Score, console=None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from trainperf.core.untrusted import printable
-
     console = console or Console(width=None if Console().is_terminal else 200)
     console.print(escape(f"trainperf score: {score.benchmark}, {score.division or '?'} division, GBS {score.gbs}, "
                          f"ruleset {score.ruleset} ({score.ruleset_basis})"), soft_wrap=True)
@@ -1047,5 +1054,5 @@ def print_score(score: Score, console=None) -> None:
 
 
 __all__ = ["RunResult", "Score", "RunSet", "Gathered", "read_run", "gather", "gather_runs", "olympic_mean", "rcp_check",
-           "score_runs", "score_gathered", "score_stored_set", "run_set_of", "ruleset_of_row", "ruleset_of_path",
+           "score_runs", "score_gathered", "score_stored_set", "run_set_of", "precision_of", "ruleset_of_row", "ruleset_of_path",
            "system_description", "export_package", "check_package", "print_score", "set_label"]
