@@ -375,30 +375,26 @@ def _set_choices(sets: dict[RunSet, list[dict]]) -> str:
 
 
 def choose_set(rows: list[dict], system: str | None = None, gpus: int | None = None,
-               layout: str | None = None) -> tuple[RunSet, list[dict], list[str]]:
+               layout: str | None = None, engine: str | None = None) -> tuple[RunSet, list[dict], list[str]]:
     """(the set, its rows newest first, the other sets as 'label (n runs)') of stored runs, newest first,
-    narrowed by ``system`` (part of the submitted system or GPU name, any case), ``gpus`` and ``layout``:
-    the newest remaining run's set; runs of two sets are never pooled."""
+    narrowed by ``system`` (part of the submitted system or GPU name, any case), ``gpus``, ``layout``
+    and ``engine`` (default: the newest remaining run's): the newest remaining run's set; runs of two
+    sets are never pooled."""
     sets: dict[RunSet, list[dict]] = {}
     for r in rows:
         sets.setdefault(run_set_of(r), []).append(r)
-    kept = {s: rs for s, rs in sets.items()
-            if (system is None or system.lower() in f"{s.system} {s.gpu}".lower())
-            and (gpus is None or s.gpus == gpus) and (layout is None or _matches_layout(s.layout, layout))}
-    if not kept:
+    matching = [r for s, rs in sets.items() for r in rs
+                if (system is None or system.lower() in f"{s.system} {s.gpu}".lower())
+                and (gpus is None or s.gpus == gpus) and (layout is None or _matches_layout(s.layout, layout))]
+    if not matching:
         given = ", ".join(f"{k} {v}" for k, v in (("--system", system), ("--gpus", gpus), ("--layout", layout))
                           if v is not None)
         raise SpecError(f"no set of these runs matches {given}; sets: {_set_choices(sets)}")
-    chosen = next(iter(kept))  # dicts keep insertion order: the set of the newest run
-    return chosen, kept[chosen], [f"{s.label} ({len(rs)} runs)" for s, rs in sets.items() if s != chosen]
-
-
-def _set_sizes(rows: list[dict]) -> dict[RunSet, int]:
-    sizes: dict[RunSet, int] = {}
-    for r in rows:
-        s = run_set_of(r)
-        sizes[s] = sizes.get(s, 0) + 1
-    return sizes
+    matching.sort(key=lambda r: -(r.get("created_at") or 0.0))  # newest first, as the store lists them
+    kept = one_engine(matching, engine)
+    chosen = run_set_of(kept[0])
+    return chosen, [r for r in kept if run_set_of(r) == chosen], [
+        f"{s.label} ({len(rs)} runs)" for s, rs in sets.items() if s != chosen]
 
 
 def check_one_set(rows: list[dict]) -> RunSet | None:
@@ -487,8 +483,7 @@ def gather(inputs: list[str] | None = None, db: str = "trainperf.db", workload: 
             if not with_log:
                 raise SpecError(f"none of the {len(rows)} finished runs of workload {workload!r} has an MLPerf log "
                                 f"recorded in {db!r}: nothing to score")
-            chosen, rows, _ = choose_set(one_engine(with_log, engine), system, gpus, layout)
-            out.other_sets = [f"{s.label} ({n} runs)" for s, n in _set_sizes(with_log).items() if s != chosen]
+            chosen, rows, out.other_sets = choose_set(with_log, system, gpus, layout, engine)
             out.run_set = chosen.label
             found = [(*ruleset_of_row(row, ruleset), row["run_id"]) for row in rows]
             rs, _ = _one_ruleset(found)
@@ -518,6 +513,7 @@ def gather(inputs: list[str] | None = None, db: str = "trainperf.db", workload: 
                     raise SpecError(f"{item!r} is neither a file or directory nor a run id in {db!r}")
                 stored_rows.append(row)
                 check_one_engine(stored_rows)
+                check_one_set(stored_rows)
                 found.append((*ruleset_of_row(row, ruleset), row["run_id"]))
                 runs.append(_run_from_row(row, found[-1][0]))
                 continue
