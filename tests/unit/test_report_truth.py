@@ -158,7 +158,8 @@ def test_seed_to_seed_spread_is_a_note_and_unexplained_spread_a_warning(tmp_path
     assert slow.notes == [] and "differ by 30% at like samples" in slow.anomalies[0]
 
 
-def test_terminal_keeps_the_measurements_at_120_columns(store):
+def test_terminal_keeps_the_measurements_at_120_columns(store, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # not a terminal: the width a pipe or log file is given
     text = _text(store.list_runs(limit=1000, trials=False))
     for table in text.split("└")[:-1]:
         header = " ".join(line for line in table.splitlines() if line.startswith("┃"))
@@ -169,7 +170,8 @@ def test_terminal_keeps_the_measurements_at_120_columns(store):
     assert "79.0% (39.5%)" in text and "against the GPU's dense bf16 peak" in text
 
 
-def test_hostile_names_reach_neither_terminal_nor_chart_nor_page_raw(store, tmp_path):
+def test_hostile_names_reach_neither_terminal_nor_chart_nor_page_raw(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
     bad = imported_row(0, gpu=HOSTILE_GPU) | {"run_id": "imp-\x1b[31mred", "mllog_path": None}
     store.import_runs([bad])
     runs = store.list_runs(limit=1000, trials=False)
