@@ -79,6 +79,8 @@ def run(args) -> int:
     store.close()
     if args.json:
         print(json.dumps(rows_for_json(listed), indent=2))
+        if len(listed) < len(runs):  # the cut named beside the JSON, which stays a list of runs
+            print(f"report: the newest {len(listed)} of {len(runs)} runs listed (--limit)", file=sys.stderr)
     else:
         print_table(listed, wide=args.wide, trials_left_out=trials_left_out, all_runs=runs)
     if html:  # where the page is, on stderr beside --json's stdout
