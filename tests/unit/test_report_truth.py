@@ -183,3 +183,16 @@ def test_hostile_names_reach_neither_terminal_nor_chart_nor_page_raw(store, tmp_
     row = ScalingRow("w", 8, "DP8 $\\bad$", 8, 1, 1, 1, 60.0, "1 run", None, None, None, None, None,
                      gpu_model=HOSTILE_GPU, engine="nemo")
     assert time_to_train_png("$\\oops$", [row], [(1, 2, 3, 4, 8, 8, 1.0)], "$\\label$").startswith("data:image/png")
+
+
+@pytest.mark.parametrize("damage", [
+    {"spec_json": json.dumps({"parallel": {"dp_shard": "x", "tp": [2]}, "train": [1]})},
+    {"spec_json": "not json", "hardware_json": json.dumps({"gpu": ["a", "list"]})},
+    {"software_json": "[]", "hardware_json": "null"},
+    {"software_json": json.dumps({"round": {"v": 1}, "org": 7}), "spec_json": json.dumps({"hardware": "fp8"})},
+])
+def test_odd_json_in_a_row_is_shown_not_raised(damage, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    rows = [imported_row(i) | damage | {"mllog_path": None} for i in range(3)]
+    assert run_set_of(rows[0]).engine == "nemo"
+    assert "imp-8-0" in _text(rows) and "imp-8-0" in render(rows, {})

@@ -360,8 +360,12 @@ def run_set_of(row: dict) -> RunSet:
     spec = _row_json(row, "spec_json")
     parallel, train = spec.get("parallel"), spec.get("train")
     train = train if isinstance(train, dict) else {}
+    try:
+        layout = degrees_name(parallel) if isinstance(parallel, dict) else ""
+    except (TypeError, ValueError):  # a stored spec whose degrees are not numbers: no layout to name
+        layout = ""
     return RunSet(engine_of(row), system_of_row(row), _text(_row_json(row, "hardware_json").get("gpu")),
-                  int(row.get("world_size") or 0), degrees_name(parallel) if isinstance(parallel, dict) else "",
+                  int(row.get("world_size") or 0), layout,
                   train.get("global_batch_size"), train.get("micro_batch_size"), precision_of(row))
 
 

@@ -143,9 +143,15 @@ def _img(title: str, uri: str | None) -> str:
 
 def _json(text: str | None) -> dict:
     try:
-        return json.loads(text or "{}")
-    except ValueError:
+        value = json.loads(text or "{}")
+    except (TypeError, ValueError):
         return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _s(value) -> str:
+    """A field of a row's JSON as text ('-' when empty), whatever type the file gave it."""
+    return "-" if value in (None, "", [], {}) else value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def system_section(runs: list[dict], preflight: dict | None) -> str:
@@ -153,7 +159,7 @@ def system_section(runs: list[dict], preflight: dict | None) -> str:
     seen: dict[tuple, list[str]] = defaultdict(list)
     for r in [r for r in runs if not is_imported(r)]:
         hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
-        device = hw.get("gpu") or (f"CPU {hw.get('cpu') or ''} ({hw.get('cores')} cores)" if hw else "-")
+        device = _s(hw.get("gpu")) if hw.get("gpu") else (f"CPU {hw.get('cpu') or ''} ({hw.get('cores')} cores)" if hw else "-")
         soft = ", ".join(f"{k} {v}" for k, v in sorted(sw.items()) if v)
         nodes = hw.get("nodes")  # recorded since the node count was; older rows say nothing
         seen[(device, r.get("host") or "-", soft or "-")].append(
@@ -162,7 +168,11 @@ def system_section(runs: list[dict], preflight: dict | None) -> str:
             for (dev, host, soft), n in sorted(seen.items())]
     out = "<h2>System</h2>" + _table(["device", "host (rank 0)", "GPU / process counts run", "software"], rows)
     if preflight:
-        hosts = ", ".join(_json(preflight.get("hosts_json")) or [preflight.get("host") or "-"])
+        try:
+            listed = json.loads(preflight.get("hosts_json") or "[]")
+        except (TypeError, ValueError):
+            listed = []
+        hosts = ", ".join(map(str, listed if isinstance(listed, list) else [])) or str(preflight.get("host") or "-")
         measured = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                              for k, v in sorted((preflight.get("overrides") or {}).items()))
         out += (f"<p>Newest preflight ({time.strftime('%Y-%m-%d %H:%M', time.localtime(preflight['created_at']))}): "
@@ -181,9 +191,9 @@ def imported_systems_section(runs: list[dict]) -> str:
     for r in runs:
         if is_imported(r):
             hw, sw = _json(r.get("hardware_json")), _json(r.get("software_json"))
-            seen[(engine_of(r), sw.get("round") or "-", sw.get("org") or "-", hw.get("system") or "-",
-                  hw.get("gpu") or "-", r["world_size"], hw.get("nodes") or "-",
-                  hw.get("interconnect") or hw.get("network") or "-", sw.get("precision") or "-")] += 1
+            seen[(engine_of(r), _s(sw.get("round")), _s(sw.get("org")), _s(hw.get("system")), _s(hw.get("gpu")),
+                  r["world_size"], _s(hw.get("nodes")), _s(hw.get("interconnect") or hw.get("network")),
+                  _s(sw.get("precision")))] += 1
     if not seen:
         return ""
     rows = [[*k, n] for k, n in sorted(seen.items(), key=lambda kv: str(kv[0]))]
@@ -212,10 +222,10 @@ def scaling_section(rows: list[ScalingRow], scores: list[dict] | None = None) ->
 def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
     """Published llama2_70b_lora points for comparable runs of that benchmark, on their GPU model only."""
     comparable = [r for r in runs if r.get("comparable")]
-    benchmarks = {_json(r.get("spec_json")).get("mlperf", {}).get("benchmark") for r in comparable}
-    if "llama2_70b_lora" not in benchmarks:
+    mlperf = [_json(r.get("spec_json")).get("mlperf") for r in comparable]
+    if not any(isinstance(m, dict) and m.get("benchmark") == "llama2_70b_lora" for m in mlperf):
         return [], ""
-    gpus = {_json(r.get("hardware_json")).get("gpu") or "" for r in comparable}
+    gpus = {gpu_model_of(r) for r in comparable}
     models = {m for m in ("H100", "H200") if any(m in g for g in gpus)}
     points, _ = split_imported([p for p in LLAMA2_70B_LORA if p[3] in models], runs)
     return points, f"published llama2_70b_lora, {', '.join(sorted(models))} (MLCommons)"

@@ -103,8 +103,13 @@ class ScalingRow:
 
 
 def full_layout(spec: dict) -> str:
-    """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4)."""
-    return degrees_name(spec.get("parallel", {}))
+    """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4); '' for a
+    spec whose degrees are not numbers."""
+    parallel = spec.get("parallel", {}) if isinstance(spec, dict) else {}
+    try:
+        return degrees_name(parallel) if isinstance(parallel, dict) else ""
+    except (TypeError, ValueError):
+        return ""
 
 
 def _spec(run: dict) -> dict:
@@ -116,7 +121,8 @@ def _spec(run: dict) -> dict:
 
 def row_key(run: dict) -> tuple:
     spec = _spec(run)
-    t = spec.get("train", {})
+    spec = spec if isinstance(spec, dict) else {}
+    t = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     return run["workload"], run["world_size"], full_layout(spec), t.get("global_batch_size"), t.get("micro_batch_size")
 
 
