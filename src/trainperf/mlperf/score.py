@@ -41,7 +41,7 @@ from trainperf import __version__
 from trainperf.core.errors import SpecError
 from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
-from trainperf.core.untrusted import finite_number, printable  # noqa: F401 (finite_number: the log reader)
+from trainperf.core.untrusted import finite_number, printable
 from trainperf.mlperf.recipes import RCP_UNIT
 from trainperf.store.db import Store, StoreError
 
