@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,76 @@ def test_pretraining_sets_score_in_their_rcp_unit_and_export(tmp_path, capsys, b
     assert d["rcp"]["passed"] and d["rcp"]["submission_mean"] == pytest.approx(converged)
     chk = d["export"]["package_check"]
     assert chk["passed"] and chk["errors"] == [], chk
+
+
+# ---------------------------------------------------------------------------------------------
+# Imported published submissions: each set under its own round's ruleset, as MLCommons scored it
+
+from tests.fixtures.published import PUBLISHED  # noqa: E402
+
+# (workload, --system, --gpus, the published score in minutes, ruleset): the round folders' own results
+PUBLISHED_SCORES = [
+    ("llama2_70b_lora", "Eos", 8, 27.928, "4.1.0"),
+    ("llama2_70b_lora", "DGX H200", 8, 24.116, "4.1.0"),
+    ("llama2_70b_lora", "Eos_n8", 64, 4.573, "4.1.0"),
+    ("gpt3", None, None, 96.664, "4.1.0"),
+    ("llama31_405b", None, None, 269.122, "5.0.0"),
+]
+
+
+def _imported_store(tmp_path, rounds: tuple[str, ...]) -> Path:
+    from trainperf.mlperf.published import read_submissions
+    from trainperf.store.db import Store
+
+    imported, problems = read_submissions([str(PUBLISHED / r) for r in rounds], "6.0.0")
+    assert problems == [] and imported
+    db = tmp_path / "t.db"
+    store = Store(db)
+    store.import_runs([r.row for r in imported])
+    store.close()
+    return db
+
+
+def _score(capsys, db, workload: str, *args: str) -> tuple[int, dict]:
+    rc, out, _ = run_cli(capsys, "score", "--db", str(db), "--workload", workload, "--json", *args)
+    return rc, json.loads(out)
+
+
+@pytest.mark.skipif(not (PUBLISHED / "v5.0").is_dir(), reason="no published MLPerf folders here")
+def test_imported_rounds_score_as_published_in_the_terminal_and_on_the_page(tmp_path, capsys):
+    """NVIDIA's v4.1 and v5.0 submissions imported into one store: `score --workload` with --system /
+    --gpus reproduces each published score under that round's ruleset (gpt3, gone from 6.0.0, valid
+    under 4.1.0; llama31_405b 269.122 with 5.0.0's RCP scaling, not 261.43 with 6.0.0's), and the
+    page scores every set the same, of all its runs."""
+    from trainperf.report.html import olympic_scores
+    from trainperf.store.db import Store
+
+    db = _imported_store(tmp_path, ("v4.1", "v5.0"))
+    store = Store(db)
+    page = {s["set"]: s for s in olympic_scores(store.list_runs(limit=1000))}
+    store.close()
+    assert len(page) == len(PUBLISHED_SCORES)  # one score per submitted set, never a pool of them
+    for workload, system, gpus, minutes, ruleset in PUBLISHED_SCORES:
+        args = ["--system", system] * (system is not None) + ["--gpus", str(gpus)] * (gpus is not None)
+        rc, d = _score(capsys, db, workload, *args)
+        assert rc == 0 and d["valid"], (workload, system, d["reason"])
+        assert round(d["score_minutes"], 3) == minutes and d["ruleset"] == ruleset, (workload, system, d)
+        assert d["ruleset_basis"] == f"round v{ruleset[:3]}" and d["runs_given"] == d["required_runs"]
+        assert page[d["set"]]["valid"] and round(page[d["set"]]["score_min"], 3) == minutes
+    # --ruleset still overrides: the 405B set under 6.0.0 is the figure the page used to show
+    rc, d = _score(capsys, db, "llama31_405b", "--ruleset", "6.0.0")
+    assert round(d["score_minutes"], 2) == 261.43 and d["ruleset_basis"] == "--ruleset"
+    rc, _, err = run_cli(capsys, "score", "--db", str(db), "--workload", "gpt3", "--ruleset", "6.0.0")
+    assert rc == 2 and "not part of MLPerf training 6.0.0" in err
+
+
+@pytest.mark.slow  # Cisco's logs are 11 MB: seconds to parse and to check
+@pytest.mark.skipif(not (PUBLISHED / "v5.1").is_dir(), reason="no published MLPerf folders here")
+def test_a_published_folder_scores_under_its_rounds_ruleset(capsys):
+    """A results folder given by path inside its round folder (v5.1/Cisco/results/hpf_n8/llama31_8b) is
+    scored under that round's ruleset, 5.1.0, not the 6.0.0 default."""
+    folder = PUBLISHED / "v5.1" / "Cisco" / "results" / "hpf_n8" / "llama31_8b"
+    rc, out, _ = run_cli(capsys, "score", str(folder), "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["valid"] and round(d["score_minutes"], 3) == 45.445
+    assert (d["ruleset"], d["ruleset_basis"]) == ("5.1.0", "round v5.1")

@@ -15,7 +15,7 @@ from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
 from tests.fixtures.report import fill_operator_store
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, read_submissions, run_spec
-from trainperf.mlperf.score import check_one_engine, gather_runs, one_engine
+from trainperf.mlperf.score import check_one_engine, gather, gather_runs, one_engine
 from trainperf.report.html import olympic_scores, plotted_imported_rows, published_points_for, render, split_imported
 from trainperf.report.plots import time_to_train_png
 from trainperf.report.projection import project
@@ -68,7 +68,8 @@ def _table_text(runs: list[dict], monkeypatch) -> str:
 def test_engine_column_and_json_rows_name_the_engine(mixed_store, monkeypatch):
     runs = mixed_store.list_runs(limit=1000, trials=False)
     text = _table_text(runs, monkeypatch)
-    header = next(line for line in text.splitlines() if "run" in line and "status" in line)
+    lora = text.split("llama2_70b_lora:", 1)[1].split("└", 1)[0]  # the table of both engines' runs
+    header = next(line for line in lora.splitlines() if "run" in line and "status" in line)
     table_lines = [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
     assert "engine" in header and max(len(line) for line in table_lines) <= 120
     assert "imp-8-0" in text and " nemo " in text and " trainperf " in text
@@ -80,7 +81,11 @@ def test_engine_column_and_json_rows_name_the_engine(mixed_store, monkeypatch):
     assert by_id["imp-8-0"]["mfu"] == pytest.approx(0.79) and by_id["imp-8-0"]["tokens_per_s_per_gpu"] > 0
     wide = io.StringIO()
     print_table([r for r in runs if r["run_id"] == "imp-8-0"], console=Console(file=wide), wide=True)
-    assert "79.0%" in wide.getvalue() and "2,560" in wide.getvalue()
+    # an fp8 run's MFU against the bf16 peak, and against H200's fp8 peak (989 / 1979 of it) beside it
+    assert "79.0% (39.5%)" in wide.getvalue() and "2,560" in wide.getvalue()
+    assert "against the GPU's dense bf16 peak" in wide.getvalue()
+    assert by_id["imp-8-0"]["mfu_fp8_peak"] == pytest.approx(0.79 * 989 / 1979)
+    assert by_id["imp-8-0"]["precision"] == "fp8" and by_id["70b-8-0"]["mfu_fp8_peak"] is None
 
 
 def test_scaling_rows_never_pool_engines_or_gpu_models(mixed_store):
@@ -138,8 +143,11 @@ def test_score_sets_hold_one_engine(mixed_store, tmp_path):
         gather_runs(["70b-8-0", "imp-8-0"], db=str(tmp_path / "t.db"))
     got = gather_runs(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", engine="nemo")
     assert sorted(r.run_id for r in got) == sorted(f"imp-8-{i}" for i in range(10))  # NeMo's ten, none of ours
-    with pytest.raises(SpecError, match="70b-16"):  # the newest runs are ours: ours alone are gathered
-        gather_runs(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", last=20)
+    # the newest runs with logs are ours at 8 GPUs: that set alone, never NeMo's runs nor our 16-GPU ones
+    ours = gather(db=str(tmp_path / "t.db"), workload="llama2_70b_lora", last=20)
+    assert sorted(r.run_id for r in ours.runs) == [f"70b-8-{i}" for i in range(5)]
+    assert ours.run_set == "trainperf, 8 × NVIDIA H200, DP8, GBS 8, MBS 1"
+    assert ours.other_sets == ["nemo, v4.1 NVIDIA DGX H200, 8 × NVIDIA H200-SXM5-141GB, DP8, GBS 8, MBS 1, fp8 (10 runs)"]
 
 
 @pytest.mark.skipif(not (H200_SUBMISSION / "results" / "h200_ngc24.09_nemo").is_dir(),

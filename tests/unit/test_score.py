@@ -127,7 +127,7 @@ def test_rcp_fail_converging_too_fast(tmp_path, capsys):
     assert rc == 1 and d["valid"] is False
     assert d["rcp"]["passed"] is False and "RCP check failed: RCP found" in d["reason"]
     assert d["rcp"]["submission_mean"] == pytest.approx(2688) and d["scaling_factor"] == 1.0
-    assert d["score_minutes"] == pytest.approx(TEN_OLYMPIC)  # computed, but not valid
+    assert d["score_minutes"] is None and d["olympic_mean_minutes"] == pytest.approx(TEN_OLYMPIC)  # no score
 
 
 def test_rcp_interpolated_gbs(tmp_path):
@@ -231,3 +231,24 @@ def test_reader_errors_are_spec_errors(tmp_path):
     nobench.write_text(_line(T0, "POINT_IN_TIME", "cache_clear", True) + "\n")
     with pytest.raises(SpecError, match="no submission_benchmark"):
         S.read_run(nobench)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which ruleset a run is scored under
+
+
+def test_the_ruleset_of_a_stored_or_given_run_is_its_rounds():
+    imported = {"engine": "nemo", "software_json": json.dumps({"round": "v5.0", "org": "NVIDIA"})}
+    assert S.ruleset_of_row(imported) == ("5.0.0", "round v5.0")
+    assert S.ruleset_of_row(imported, given="6.0.0") == ("6.0.0", "--ruleset")  # named by the user: that one
+    recorded = dict(imported, software_json=json.dumps({"round": "v5.0", "ruleset": "5.0.1"}))
+    assert S.ruleset_of_row(recorded) == ("5.0.1", "as imported")
+    # this engine's runs, and logs imported from a folder that names no round: the default
+    assert S.ruleset_of_row({"software_json": json.dumps({"round": "v5.0"})}) == ("6.0.0", "default")
+    assert S.ruleset_of_row(dict(imported, software_json=json.dumps({"round": "downloads"}))) == ("6.0.0", "default")
+    assert S.ruleset_of_path("/x/training_results_v4.1/NVIDIA/results/sys/gpt3/result_0.txt") == ("4.1.0", "round v4.1")
+    assert S.ruleset_of_path("/x/v4.1/runs/result_0.txt") == ("6.0.0", "default")  # not a results/ tree
+    with pytest.raises(SpecError, match=r"ruleset 9\.9\.0 \(round v9\.9\), which the installed mlperf_logging"):
+        S._one_ruleset([("9.9.0", "round v9.9", "imp-1")])
+    with pytest.raises(SpecError, match="runs of different rounds are not one set"):
+        S._one_ruleset([("4.1.0", "round v4.1", "a"), ("5.0.0", "round v5.0", "b")])

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from trainperf import __version__
 from trainperf.core.errors import SpecError
+from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.core.untrusted import finite_number, printable
 from trainperf.mlperf.recipes import RCP_UNIT
@@ -271,25 +272,13 @@ def _required_for(benchmark: str) -> int:
 
 def one_engine(rows: list[dict], engine: str | None) -> list[dict]:
     """The stored runs of one engine: ``engine`` (trainperf = this one), else the newest row's; this
-    engine's runs and an imported engine's (`trainperf import`) are never one set, nor two submitted
-    systems of an imported engine (those of its newest run are kept)."""
+    engine's runs and an imported engine's (`trainperf import`) are never one set."""
     chosen = engine or (engine_of(rows[0]) if rows else OUR_ENGINE)
     kept = [r for r in rows if engine_of(r) == chosen]
     if rows and not kept:
         engines = sorted({engine_of(r) for r in rows})
         raise SpecError(f"--engine {chosen}: none of these runs is of that engine; engines with runs: {', '.join(engines)}")
-    if chosen != OUR_ENGINE:
-        kept = [r for r in kept if _submitted_system(r) == _submitted_system(kept[0])]
     return kept
-
-
-def _submitted_system(row: dict) -> tuple:
-    """(GPUs, system name) of an imported run: one submission's runs share them."""
-    try:
-        system = (json.loads(row.get("hardware_json") or "{}") or {}).get("system")
-    except (TypeError, ValueError):
-        system = None
-    return row["world_size"], system
 
 
 def check_one_engine(rows: list[dict]) -> None:
@@ -302,56 +291,254 @@ def check_one_engine(rows: list[dict]) -> None:
         raise SpecError(f"runs of different engines are not one set ({named}); score each engine's runs apart")
 
 
-def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workload: str | None = None,
-                last: int | None = None, ruleset: str = DEFAULT_RULESET, engine: str | None = None) -> list[RunResult]:
-    """Resolve what the user named into runs, oldest first.
+# ---------------------------------------------------------------------------------------------
+# Which runs form one set, and which ruleset scores them
+
+ROUND = re.compile(r"^v(\d+)\.(\d+)$")  # a round as `trainperf import` records it (software_json's round)
+
+
+def _row_json(row: dict, column: str) -> dict:
+    try:
+        value = json.loads(row.get(column) or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def round_of_row(row: dict) -> str | None:
+    """The MLPerf round an imported run was published in (v4.1), from the round folder `trainperf import`
+    read it from; None for this engine's runs and for logs imported from outside a vX.Y folder."""
+    if engine_of(row) == OUR_ENGINE:
+        return None
+    rnd = _row_json(row, "software_json").get("round")
+    return rnd if isinstance(rnd, str) and ROUND.match(rnd) else None
+
+
+def ruleset_of_row(row: dict, given: str | None = None) -> tuple[str, str]:
+    """(ruleset, why) a stored run is scored under: ``given`` (--ruleset) when the user named one, else the
+    ruleset its import recorded, else its round's (v4.1 -> 4.1.0), else the default."""
+    from trainperf.mlperf.published import ruleset_of_round  # one round -> ruleset rule, the importer's
+
+    if given:
+        return given, "--ruleset"
+    recorded = _row_json(row, "software_json").get("ruleset")
+    if isinstance(recorded, str) and re.fullmatch(r"\d+\.\d+\.\d+", recorded):
+        return recorded, "as imported"
+    rnd = round_of_row(row)
+    if rnd:
+        return ruleset_of_round(rnd), f"round {rnd}"
+    return DEFAULT_RULESET, "default"
+
+
+def ruleset_of_path(path: str | os.PathLike, given: str | None = None) -> tuple[str, str]:
+    """(ruleset, why) for a log given by path: ``given``, else the round of a
+    <round>/<org>/results/<system>/<benchmark>/ folder above it (v4.1 -> 4.1.0), else the default."""
+    from trainperf.mlperf.published import round_name, ruleset_of_round  # the importer's own round rule
+
+    if given:
+        return given, "--ruleset"
+    for folder in Path(os.path.abspath(path)).parents:
+        if folder.name == "results":
+            rnd = round_name(folder.parent)
+            if rnd:
+                return ruleset_of_round(rnd), f"round {rnd}"
+            break
+    return DEFAULT_RULESET, "default"
+
+
+def system_of_row(row: dict) -> str:
+    """The submitted system of an imported run (round, submitter, system name); '' for this engine's runs."""
+    if engine_of(row) == OUR_ENGINE:
+        return ""
+    hw, sw = _row_json(row, "hardware_json"), _row_json(row, "software_json")
+    return " ".join(_text(x) for x in (sw.get("round"), sw.get("org"), hw.get("system")) if x)
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """What the runs of one MLPerf score share: one engine, submitted system (for imported runs), GPU
+    model, GPU count, layout, GBS and MBS. Runs that differ in any of them are never one score."""
+
+    engine: str
+    system: str
+    gpu: str
+    gpus: int
+    layout: str
+    gbs: Any
+    mbs: Any
+    precision: str = "bf16"  # fp8 when the run's GEMMs ran in float8 (hardware.fp8)
+
+    @property
+    def label(self) -> str:
+        where = f"{self.gpus} × {self.gpu}" if self.gpu else f"{self.gpus} CPU processes"
+        return (f"{self.engine}, {self.system + ', ' if self.system else ''}{where}, {self.layout or '-'}, "
+                f"GBS {'-' if self.gbs is None else self.gbs}, MBS {'-' if self.mbs is None else self.mbs}"
+                + (f", {self.precision}" if self.precision != "bf16" else ""))
+
+
+def precision_of(row: dict) -> str:
+    """fp8 when a stored run's GEMMs ran in float8 (its spec's hardware.fp8, as this engine runs it and as
+    `trainperf import` records a submission's FP8 config), else bf16."""
+    hw = _row_json(row, "spec_json").get("hardware")
+    return "fp8" if isinstance(hw, dict) and hw.get("fp8") not in (None, "", "none") else "bf16"
+
+
+def run_set_of(row: dict) -> RunSet:
+    """The set a stored run belongs to (RunSet)."""
+    spec = _row_json(row, "spec_json")
+    parallel, train = spec.get("parallel"), spec.get("train")
+    train = train if isinstance(train, dict) else {}
+    try:
+        layout = degrees_name(parallel) if isinstance(parallel, dict) else ""
+    except (TypeError, ValueError):  # a stored spec whose degrees are not numbers: no layout to name
+        layout = ""
+    return RunSet(engine_of(row), system_of_row(row), _text(_row_json(row, "hardware_json").get("gpu")),
+                  int(row.get("world_size") or 0), layout,
+                  train.get("global_batch_size"), train.get("micro_batch_size"), precision_of(row))
+
+
+def _matches_layout(layout: str, wanted: str) -> bool:
+    # DP8.TP4.SP as typed on a keyboard is DP8·TP4·SP
+    return layout.replace("·", ".").lower() == wanted.replace("·", ".").lower()
+
+
+def _set_choices(sets: dict[RunSet, list[dict]]) -> str:
+    return "; ".join(f"{s.label} ({len(rows)} runs)" for s, rows in sets.items())
+
+
+def choose_set(rows: list[dict], system: str | None = None, gpus: int | None = None,
+               layout: str | None = None, engine: str | None = None) -> tuple[RunSet, list[dict], list[str]]:
+    """(the set, its rows newest first, the other sets as 'label (n runs)') of stored runs, newest first,
+    narrowed by ``system`` (part of the submitted system or GPU name, any case), ``gpus``, ``layout``
+    and ``engine`` (default: the newest remaining run's): the newest remaining run's set; runs of two
+    sets are never pooled."""
+    sets: dict[RunSet, list[dict]] = {}
+    for r in rows:
+        sets.setdefault(run_set_of(r), []).append(r)
+    matching = [r for s, rs in sets.items() for r in rs
+                if (system is None or system.lower() in f"{s.system} {s.gpu}".lower())
+                and (gpus is None or s.gpus == gpus) and (layout is None or _matches_layout(s.layout, layout))]
+    if not matching:
+        given = ", ".join(f"{k} {v}" for k, v in (("--system", system), ("--gpus", gpus), ("--layout", layout))
+                          if v is not None)
+        raise SpecError(f"no set of these runs matches {given}; sets: {_set_choices(sets)}")
+    matching.sort(key=lambda r: -(r.get("created_at") or 0.0))  # newest first, as the store lists them
+    kept = one_engine(matching, engine)
+    chosen = run_set_of(kept[0])
+    return chosen, [r for r in kept if run_set_of(r) == chosen], [
+        f"{s.label} ({len(rs)} runs)" for s, rs in sets.items() if s != chosen]
+
+
+def check_one_set(rows: list[dict]) -> RunSet | None:
+    """Refuse store runs of two sets (systems, GPU counts, layouts, batch sizes) named as one score."""
+    sets: dict[RunSet, list[dict]] = {}
+    for r in rows:
+        sets.setdefault(run_set_of(r), []).append(r)
+    if len(sets) > 1:
+        named = "; ".join(f"{s.label}: {', '.join(r['run_id'] for r in rs[:3])}{' ...' if len(rs) > 3 else ''}"
+                          for s, rs in sets.items())
+        raise SpecError(f"runs of different sets are not one score ({named}); score each set apart")
+    return next(iter(sets), None)
+
+
+@dataclass
+class Gathered:
+    """The runs of one score, the ruleset they are scored under (and why), and the set they form."""
+
+    runs: list[RunResult]
+    ruleset: str
+    ruleset_basis: str
+    run_set: str | None = None  # the set's label (RunSet.label) when the runs came from the store
+    other_sets: list[str] = field(default_factory=list)  # the workload's other sets, not scored here
+    left_out: int = 0  # older runs of the set beyond the benchmark's run count
+
+
+def _one_ruleset(found: list[tuple[str, str, str]]) -> tuple[str, str]:
+    """The one ruleset of (ruleset, why, run) triples; runs of two rounds are not one set."""
+    rulesets = {(rs, why) for rs, why, _ in found}
+    if len(rulesets) > 1:
+        named = "; ".join(f"{rs} ({why}): {', '.join(n for r, w, n in found if (r, w) == (rs, why))[:120]}"
+                          for rs, why in sorted(rulesets))
+        raise SpecError(f"runs of different rounds are not one set ({named}); score them apart or give --ruleset")
+    rs, why = next(iter(rulesets))
+    if why != "--ruleset":
+        try:
+            _check_ruleset(rs)
+        except SpecError:
+            raise SpecError(f"these runs are scored under ruleset {rs} ({why}), which the installed mlperf_logging "
+                            "does not have; give --ruleset") from None
+    return rs, why
+
+
+def gather(inputs: list[str] | None = None, db: str = "trainperf.db", workload: str | None = None,
+           last: int | None = None, ruleset: str | None = None, engine: str | None = None,
+           system: str | None = None, gpus: int | None = None, layout: str | None = None) -> Gathered:
+    """Resolve what the user named into the runs of one score, oldest first.
 
     ``inputs``: paths (``result_*.txt``/``mllog.txt`` files, or directories holding ``result_*.txt``,
     an ``mllog.txt`` or run folders with one) and run ids of the store at ``db``, in any mix.
-    ``workload``: the most recent finished runs of that workload in the store, of one engine
-    (``engine``, else the newest run's); ``last`` of them (default: as many as the workload's MLPerf
-    benchmark requires). Run ids of two engines are refused: never one set.
+    ``workload``: the most recent finished runs of that workload in the store, of one set (RunSet: one
+    engine, system, GPU count, layout, GBS, MBS): the newest run's, narrowed by ``engine``, ``system``,
+    ``gpus`` and ``layout``; ``last`` of them (default: as many as the benchmark requires). Run ids of
+    two engines or two sets are refused. Each run is scored under ``ruleset`` when given, else its
+    round's (an imported run's, or a log inside a <round>/<org>/results/ folder), else 6.0.0.
     """
-    _check_ruleset(ruleset)
+    if ruleset is not None:
+        _check_ruleset(ruleset)
     inputs = list(inputs or [])
     if workload and inputs:
         raise SpecError("give either run ids / paths or --workload, not both")
-    if engine is not None and not workload:
-        raise SpecError("--engine only goes with --workload (it picks that engine's runs of the workload)")
+    for name, value in (("--engine", engine), ("--gpus", gpus), ("--layout", layout)):
+        if value is not None and not workload:
+            raise SpecError(f"{name} only goes with --workload (it picks that workload's stored runs of one set)")
+    if system is not None and not workload and not inputs:
+        raise SpecError("--system goes with --workload (it picks that workload's runs of one system)")
     if last is not None and not workload:
         raise SpecError("--last N only goes with --workload (it picks that workload's N newest runs)")
     if last is not None and last < 1:
         raise SpecError(f"--last {last}: must be >= 1")
+    if gpus is not None and gpus < 1:
+        raise SpecError(f"--gpus {gpus}: must be >= 1")
     runs: list[RunResult] = []
+    found: list[tuple[str, str, str]] = []
     stored_rows: list[dict] = []
+    out = Gathered([], DEFAULT_RULESET, "default")
     store = None
     try:
         if workload:
             store = _open_store(db)
-            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000, trials=False) if r["status"] != "running"]
+            rows = [r for r in store.list_runs(workload=workload, limit=1_000_000, trials=False)
+                    if r["status"] != "running"]
             if not rows:
                 raise SpecError(f"no finished runs of workload {workload!r} in {db!r}")
-            rows = one_engine(rows, engine)
+            with_log = [r for r in rows if r.get("mllog_path")]
+            if not with_log:
+                raise SpecError(f"none of the {len(rows)} finished runs of workload {workload!r} has an MLPerf log "
+                                f"recorded in {db!r}: nothing to score")
+            chosen, rows, out.other_sets = choose_set(with_log, system, gpus, layout, engine)
+            out.run_set = chosen.label
+            found = [(*ruleset_of_row(row, ruleset), row["run_id"]) for row in rows]
+            rs, _ = _one_ruleset(found)
             if last is None:
-                try:
-                    bench = json.loads(rows[0]["spec_json"]).get("mlperf", {}).get("benchmark")
-                except (TypeError, ValueError, AttributeError):
-                    bench = None
-                if not bench:
-                    bench = _run_from_row(rows[0], ruleset).benchmark
-                last = _required_for(bench)
-            runs = [_run_from_row(row, ruleset) for row in rows[:last]]
+                bench = _row_json(rows[0], "spec_json").get("mlperf", {})
+                bench = bench.get("benchmark") if isinstance(bench, dict) else None
+                last = _required_for(bench or _run_from_row(rows[0], rs).benchmark)
+            out.left_out = max(0, len(rows) - last)
+            runs = [_run_from_row(row, rs) for row in rows[:last]]
         elif not inputs:
             raise SpecError("nothing to score: give run ids, result directories / mllog files, or --workload NAME")
         for item in inputs:
             p = Path(item)
             if p.is_dir():
-                found = _logs_in_dir(p)
-                if not found:
+                logs = _logs_in_dir(p)
+                if not logs:
                     raise SpecError(f"directory {item!r} holds no result_*.txt or mllog.txt")
-                runs.extend(read_run(f, ruleset) for f in found)
             elif p.exists():
-                runs.append(read_run(p, ruleset))
+                logs = [p]
             else:
                 if store is None:
                     if not Path(db).is_file():
@@ -362,18 +549,69 @@ def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workl
                     raise SpecError(f"{item!r} is neither a file or directory nor a run id in {db!r}")
                 stored_rows.append(row)
                 check_one_engine(stored_rows)
-                runs.append(_run_from_row(row, ruleset))
+                check_one_set(stored_rows)
+                found.append((*ruleset_of_row(row, ruleset), row["run_id"]))
+                runs.append(_run_from_row(row, found[-1][0]))
+                continue
+            for log in logs:
+                found.append((*ruleset_of_path(log, ruleset), str(log)))
+                runs.append(read_run(log, found[-1][0]))
+        if stored_rows:
+            chosen = check_one_set(stored_rows)
+            out.run_set = chosen.label if chosen is not None and len(stored_rows) == len(runs) else None
     finally:
         if store is not None:
             store.close()
+    out.ruleset, out.ruleset_basis = _one_ruleset(found) if found else (ruleset or DEFAULT_RULESET, "default")
     seen: dict[str, str] = {}
     for r in runs:
         key = os.path.realpath(r.path)
         if key in seen:
             raise SpecError(f"the same MLPerf log {r.path!r} was given twice ({seen[key]} and {r.name})")
         seen[key] = r.name
+    _check_one_system(runs)
     runs.sort(key=lambda r: (r.run_start_ms is None, r.run_start_ms or 0.0))
-    return runs
+    out.runs = runs
+    return out
+
+
+def _check_one_system(runs: list[RunResult]) -> None:
+    """Logs of two submitted platforms or accelerator counts are not one set (what the logs say of it)."""
+    for what, value in (("submission_platform", lambda r: r.platform),
+                        ("GPU count (number_of_nodes x accelerators_per_node)",
+                         lambda r: (r.number_of_nodes, r.accelerators_per_node)
+                         if r.number_of_nodes is not None and r.accelerators_per_node is not None else None)):
+        values = {json.dumps(value(r), default=str) for r in runs if value(r) is not None}
+        if len(values) > 1:
+            raise SpecError(f"logs of different {what} values ({', '.join(sorted(values))}) are not one set; "
+                            "score each system's runs apart")
+
+
+def gather_runs(inputs: list[str] | None = None, db: str = "trainperf.db", workload: str | None = None,
+                last: int | None = None, ruleset: str | None = None, engine: str | None = None) -> list[RunResult]:
+    """The runs of :func:`gather` alone."""
+    return gather(inputs, db=db, workload=workload, last=last, ruleset=ruleset, engine=engine).runs
+
+
+def score_gathered(g: Gathered) -> "Score":
+    """The score of gathered runs under their ruleset, naming the set they form."""
+    score = score_runs(g.runs, ruleset=g.ruleset)
+    score.ruleset_basis, score.run_set, score.other_sets, score.left_out = (g.ruleset_basis, g.run_set,
+                                                                           g.other_sets, g.left_out)
+    return score
+
+
+def score_stored_set(rows: list[dict], ruleset: str | None = None) -> "Score":
+    """The score of one set's stored runs (newest first, as the store lists them), as `trainperf score
+    --workload` computes it: the benchmark's run count of the newest, each under its round's ruleset."""
+    chosen = check_one_set(rows)
+    found = [(*ruleset_of_row(row, ruleset), row["run_id"]) for row in rows]
+    rs, why = _one_ruleset(found)
+    first = _run_from_row(rows[0], rs)
+    last = _required_for(first.benchmark)
+    runs = [first] + [_run_from_row(row, rs) for row in rows[1:last]]
+    runs.sort(key=lambda r: (r.run_start_ms is None, r.run_start_ms or 0.0))
+    return score_gathered(Gathered(runs, rs, why, chosen.label if chosen else None, [], max(0, len(rows) - last)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +634,10 @@ class Score:
     reasons: list[str]
     rcp: dict
     export: dict | None = None
+    ruleset_basis: str = "--ruleset"  # why this ruleset: --ruleset, round v4.1, as imported, default
+    run_set: str | None = None  # the set the runs form (RunSet.label), when they came from the store
+    other_sets: list[str] = field(default_factory=list)  # the workload's sets not scored here
+    left_out: int = 0  # older runs of the set beyond the benchmark's run count
 
     @property
     def failed_runs(self) -> list[RunResult]:
@@ -418,6 +660,8 @@ class Score:
                       "seeds": r.seeds, "role": role} for r, role in zip(self.runs, self.roles)],
             "failed_runs": [{"run_id": r.run_id, "path": r.path, "reason": r.failure} for r in self.failed_runs],
             "valid": self.valid, "reason": self.reason, "rcp": self.rcp, "export": self.export,
+            "ruleset_basis": self.ruleset_basis, "set": self.run_set, "other_sets": self.other_sets,
+            "older_runs_left_out": self.left_out,
         }
 
 
@@ -623,7 +867,8 @@ def score_runs(runs: list[RunResult], ruleset: str = DEFAULT_RULESET) -> Score:
             f"RCP check not applicable (division {division!r})"
         rcp = {"applicable": False, "passed": None, "message": note, "scaling_factor": 1.0}
     scaling = float(rcp.get("scaling_factor") or 1.0)
-    score = raw * scaling if raw is not None else None
+    # an invalid set has no score: its olympic mean and scaling factor say what these runs give
+    score = raw * scaling if raw is not None and not reasons else None
     return Score(benchmark=benchmark, division=division, gbs=gbs, ruleset=ruleset, required_runs=required, runs=runs,
                  roles=_roles(runs, benchmark, counted=raw is not None), olympic_mean_minutes=raw,
                  scaling_factor=scaling, score_minutes=score, valid=not reasons, reasons=reasons, rcp=rcp)
@@ -773,14 +1018,29 @@ def _fmt_min(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
 
+def set_label(score: Score) -> str:
+    """The set a score is of: its stored set's label, else what its logs say of the system (submission
+    platform, nodes x accelerators per node)."""
+    if score.run_set:
+        return score.run_set
+    first = lambda attr: next((getattr(r, attr) for r in score.runs if getattr(r, attr) not in (None, "")), None)  # noqa: E731
+    nodes, per_node = first("number_of_nodes"), first("accelerators_per_node")
+    gpus = (f"{nodes * per_node} GPUs ({nodes} x {per_node})" if isinstance(nodes, int) and isinstance(per_node, int)
+            else "GPU count not logged")
+    return f"{first('org') or '?'} {first('platform') or '(no submission_platform)'}, {gpus} (from the logs)"
+
+
 def print_score(score: Score, console=None) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = console or Console(width=None if Console().is_terminal else 200)
-    table = Table(title=f"trainperf score: {score.benchmark} ({score.division or '?'} division, GBS {score.gbs}, "
-                        f"ruleset {score.ruleset}) -- {len(score.runs)} of {score.required_runs} runs")
+    console.print(escape(f"trainperf score: {score.benchmark}, {score.division or '?'} division, GBS {score.gbs}, "
+                         f"ruleset {score.ruleset} ({score.ruleset_basis})"), soft_wrap=True)
+    console.print(escape(f"set            {printable(set_label(score), 400)}"), soft_wrap=True)
+    console.print(f"runs           {len(score.runs)} of the {score.required_runs} {score.benchmark} is scored on")
+    table = Table()
     for col, justify in (("#", "right"), ("run", "left"), ("seed", "right"), ("status", "left"),
                          ("minutes", "right"), (RCP_UNIT.get(score.benchmark, "samples"), "right"),
                          ("olympic", "left")):
@@ -788,7 +1048,7 @@ def print_score(score: Score, console=None) -> None:
     for i, (r, role) in enumerate(zip(score.runs, score.roles)):
         status = "[green]success[/green]" if r.success else f"[red]{escape(str(r.failure))}[/red]"
         seed = ",".join(str(s) for s in r.seeds) or "-"
-        table.add_row(str(i), escape(r.run_id or r.path), seed, status, _fmt_min(r.minutes),
+        table.add_row(str(i), escape(printable(r.run_id or r.path, 400)), escape(printable(seed)), status, _fmt_min(r.minutes),
                       "-" if r.samples_to_converge is None else str(r.samples_to_converge), role)
     console.print(table)
     console.print(f"olympic mean   {_fmt_min(score.olympic_mean_minutes)} min")
@@ -811,6 +1071,12 @@ def print_score(score: Score, console=None) -> None:
     if not score.valid:
         for reason in score.reasons:
             console.print(f"  - {reason}")
+    if score.left_out:
+        console.print(f"older runs     {score.left_out} older run(s) of this set left out (the newest "
+                      f"{score.required_runs} are scored; give run ids to score others)")
+    for other in score.other_sets[:8]:
+        console.print(escape(f"other set      {printable(other, 400)} (--system / --gpus / --layout / --engine "
+                             "pick it)"), soft_wrap=True)
     if score.export:
         console.print(f"exported       {score.export['dir']}")
         chk = score.export.get("package_check")
@@ -819,5 +1085,6 @@ def print_score(score: Score, console=None) -> None:
                                                "[red]FAILED[/red]: " + " | ".join(chk["errors"][:5])))
 
 
-__all__ = ["RunResult", "Score", "read_run", "gather_runs", "olympic_mean", "rcp_check", "score_runs",
-           "system_description", "export_package", "check_package", "print_score"]
+__all__ = ["RunResult", "Score", "RunSet", "Gathered", "read_run", "gather", "gather_runs", "olympic_mean", "rcp_check",
+           "score_runs", "score_gathered", "score_stored_set", "run_set_of", "precision_of", "ruleset_of_row", "ruleset_of_path",
+           "system_description", "export_package", "check_package", "print_score", "set_label"]

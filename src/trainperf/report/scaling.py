@@ -1,16 +1,16 @@
-"""The operators' scaling table: one row per (engine, workload, GPU model, GPU count, layout, GBS, MBS)
--- and per submitted system for another engine's imported runs -- never a pool of different layouts or
-of two engines' runs, with speedup and efficiency against the smallest comparable row and the anomalies
-a reader should not take at face value.
+"""The operators' scaling table: one row per workload and set (`trainperf score`'s RunSet: engine,
+submitted system for imported runs, GPU model, GPU count, layout, GBS, MBS, precision), closed-division
+runs apart from open ones -- never a pool of different layouts or of two engines' runs -- with speedup
+and efficiency against the smallest comparable row, notes on what is normal (seed-to-seed spread of
+times to train) and warnings on what a reader should not take at face value.
 
 A row's time to train is the olympic mean of its successful runs (the fastest and the slowest
 dropped) when it has at least ``OLYMPIC_MIN_RUNS``, else their mean; throughput, TFLOP/s and MFU
 are the median over its runs that measured steps (throughput probes end failed and still count).
 Rows are comparable when one engine trains the same workload at the same global batch size on the same
-GPU model; the base is the fastest of those at the fewest GPUs. Speedup compares times to train when both rows have one,
-else throughput (samples/s of the whole job), and says which.
+GPU model, in the same division; the base is the fastest of those at the fewest GPUs. Speedup compares
+times to train when both rows have one, else throughput (samples/s of the whole job), and says which.
 """
-
 from __future__ import annotations
 
 import json
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
+from trainperf.mlperf.score import RunSet, run_set_of, system_of_row
 
 OLYMPIC_MIN_RUNS = 3
 SPREAD_WARN = 0.15  # times to train of one row further apart than this are flagged
@@ -46,11 +47,16 @@ def gpu_family(name: str) -> str:
 
 
 def system_of(run: dict) -> str:
-    """The submitted system of an imported run (its submitter and system name); '' for this engine's runs."""
-    if not is_imported(run):
-        return ""
-    hw, sw = _json_field(run, "hardware_json"), _json_field(run, "software_json")
-    return " ".join(x for x in (sw.get("round"), sw.get("org"), hw.get("system")) if x)
+    """The submitted system of an imported run (its round, submitter and system name); '' for this
+    engine's runs."""
+    return system_of_row(run)
+
+
+def is_closed_result(run: dict) -> bool:
+    """A run that meets the closed division's rules: this engine's comparable runs and the published
+    closed results of other engines. Open-division runs (a shrunk model, a mini workload) are never
+    plotted, scaled or headlined beside them."""
+    return bool(run.get("comparable")) or (is_imported(run) and run.get("division") == "closed")
 
 
 def _json_field(run: dict, key: str) -> dict:
@@ -84,6 +90,10 @@ class ScalingRow:
     engine: str = OUR_ENGINE
     gpu_model: str = ""
     system: str = ""  # an imported row's submitter and system; '' for this engine's rows
+    precision: str = "bf16"  # fp8: the runs' GEMMs in float8 (their MFU is still against the bf16 peak)
+    closed: bool = False  # closed-division runs (is_closed_result), never one table or plot with open ones
+    notes: list[str] = field(default_factory=list)  # what is normal but worth saying (seed-to-seed spread)
+    run_set: RunSet | None = None  # the set an MLPerf score of this row is of
 
     @property
     def samples_per_s(self) -> float | None:
@@ -93,8 +103,13 @@ class ScalingRow:
 
 
 def full_layout(spec: dict) -> str:
-    """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4)."""
-    return degrees_name(spec.get("parallel", {}))
+    """Every degree of a stored spec's layout that is not 1, e.g. DP2·TP4·CP2·SP (HSDP: DP2x4); '' for a
+    spec whose degrees are not numbers."""
+    parallel = spec.get("parallel", {}) if isinstance(spec, dict) else {}
+    try:
+        return degrees_name(parallel) if isinstance(parallel, dict) else ""
+    except (TypeError, ValueError):
+        return ""
 
 
 def _spec(run: dict) -> dict:
@@ -106,7 +121,8 @@ def _spec(run: dict) -> dict:
 
 def row_key(run: dict) -> tuple:
     spec = _spec(run)
-    t = spec.get("train", {})
+    spec = spec if isinstance(spec, dict) else {}
+    t = spec.get("train") if isinstance(spec.get("train"), dict) else {}
     return run["workload"], run["world_size"], full_layout(spec), t.get("global_batch_size"), t.get("micro_batch_size")
 
 
@@ -126,24 +142,40 @@ def _median(values: list) -> float | None:
 
 
 def scaling_key(run: dict) -> tuple:
-    """What one scaling row holds: one engine's (and system's) runs of one workload, GPU model, GPU
-    count, layout, GBS and MBS."""
-    return (engine_of(run), system_of(run), gpu_model_of(run), *row_key(run))
+    """What one scaling row holds: the runs of one workload and one set (`trainperf score`'s RunSet: one
+    engine, system, GPU model, GPU count, layout, GBS, MBS, precision), closed and open apart."""
+    return run["workload"], run_set_of(run), is_closed_result(run)
+
+
+def _spread(ok: list[dict], row: ScalingRow) -> None:
+    """Times to train further apart than SPREAD_WARN: a note when the samples to converge explain it (seeds
+    converge at different evals: the olympic mean is made for that), a warning when they do not."""
+    times = [r["time_to_train_s"] for r in ok]
+    if len(times) < 2 or max(times) / min(times) - 1 <= SPREAD_WARN:
+        return
+    spread = f"{100 * (max(times) / min(times) - 1):.0f}%"
+    samples = [r.get("samples_to_target") for r in ok]
+    if all(isinstance(n, (int, float)) and n > 0 for n in samples) and len(set(samples)) > 1:
+        per_sample = [t / n for t, n in zip(times, samples)]
+        if max(per_sample) / min(per_sample) - 1 <= SPREAD_WARN:
+            row.notes.append(f"times to train span {spread}: seeds converged at {min(samples):,.0f} to "
+                             f"{max(samples):,.0f} samples (normal; the olympic mean drops the extremes)")
+            return
+    row.anomalies.append(f"times to train differ by {spread} at like samples to converge: check the slow runs")
 
 
 def _row(key: tuple, members: list[dict]) -> ScalingRow:
-    engine, system, gpu_model, workload, gpus, layout, gbs, mbs = key
+    workload, rs, closed = key
     ok = [r for r in members if r["status"] == "success" and r.get("time_to_train_s") is not None]
     time_s, basis = olympic_time([r["time_to_train_s"] for r in ok])
-    row = ScalingRow(workload, gpus, layout, gbs, mbs, len(members), len(ok), time_s, basis,
+    row = ScalingRow(workload, rs.gpus, rs.layout, rs.gbs, rs.mbs, len(members), len(ok), time_s, basis,
                      _median([r.get("tokens_per_s_per_gpu") for r in members]),
                      _median([r.get("model_tflops_per_gpu") for r in members]), _median([r.get("mfu") for r in members]),
                      _median([r.get("step_time_s") for r in members]),
                      _median([r.get("predicted_step_time_s") for r in members]),
-                     run_ids=[r["run_id"] for r in members], engine=engine, gpu_model=gpu_model, system=system)
-    times = [r["time_to_train_s"] for r in ok]
-    if len(times) > 1 and max(times) / min(times) - 1 > SPREAD_WARN:
-        row.anomalies.append(f"times to train differ by {100 * (max(times) / min(times) - 1):.0f}%")
+                     run_ids=[r["run_id"] for r in members], engine=rs.engine, gpu_model=rs.gpu, system=rs.system,
+                     precision=rs.precision, closed=closed, run_set=rs)
+    _spread(ok, row)
     failed = len(members) - len(ok)
     if ok and failed:
         row.anomalies.append(f"{failed} of {len(members)} runs did not reach the target")
@@ -161,7 +193,7 @@ def _add_speedup(rows: list[ScalingRow]) -> None:
     groups: dict[tuple, list[ScalingRow]] = defaultdict(list)
     for r in rows:
         # never one engine's row (or one GPU model's) as the base of another's
-        groups[(r.engine, gpu_family(r.gpu_model), r.workload, r.gbs)].append(r)
+        groups[(r.engine, gpu_family(r.gpu_model), r.workload, r.gbs, r.closed)].append(r)
     for members in groups.values():
         fewest = min(r.gpus for r in members)
         if all(r.gpus == fewest for r in members):
@@ -194,7 +226,7 @@ def scaling_table(runs: list[dict]) -> list[ScalingRow]:
         if r["status"] in ("success", "failed") and (r.get("time_to_train_s") is not None or r.get("step_time_s")):
             groups[scaling_key(r)].append(r)
     rows = [_row(k, v) for k, v in groups.items()]
-    rows.sort(key=lambda r: (r.workload, r.engine != OUR_ENGINE, r.engine, r.gbs or 0, r.gpus, r.gpu_model, r.system,
-                             r.layout, r.mbs or 0))
+    rows.sort(key=lambda r: (r.workload, not r.closed, r.engine != OUR_ENGINE, r.engine, r.gbs or 0, r.gpus,
+                             r.gpu_model, r.system, r.layout, r.mbs or 0, r.precision))
     _add_speedup(rows)
     return rows
