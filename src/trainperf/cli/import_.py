@@ -83,9 +83,11 @@ def run(args) -> int:
         for g in summary:
             print(f"{g['engine']:8s} {g['benchmark']:16s} {g['gpus']:5d} x {g['system'][:34]:34s} {g['layout']:26s} "
                   f"{g['runs']:2d} runs ({g['new']} new)  {g['tokens_per_s_per_gpu']:8,.0f} tok/s/GPU  "
-                  f"median {g['minutes']:.2f} min")
+                  f"median run {g['minutes']:.2f} min")
         if already:
             print(already)
+        if summary:  # a median run is not the MLPerf score (olympic mean, RCP-scaled, under the round's rules)
+            print("MLPerf scores of these sets: trainperf score --workload BENCHMARK [--system S --gpus N]")
         print(f"imported {len(new_runs)} runs into {printable(args.db)} ({len(runs) - len(new_runs)} already there, "
               f"{len(problems)} not imported)")
     return EXIT_OK

@@ -563,7 +563,8 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
                                      "network": system.get("host_networking", ""),
                                      "interconnect": system.get("accelerator_interconnect", "")}),
         "software_json": json.dumps({"framework": system.get("framework", ""), "org": submitter(run.org, where),
-                                     "round": Path(where).parts[0], "config": printable(config, 1000),
+                                     "round": Path(where).parts[0], "ruleset": ruleset,
+                                     "config": printable(config, 1000),
                                      "step_time_basis": basis, "log_sha256": parsed.sha256,
                                      "precision": ("fp8" + (" (+fp8 attention)" if lay["fp8_attention"] else ""))
                                      if lay["fp8"] else "bf16"}),
