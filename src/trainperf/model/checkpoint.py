@@ -395,41 +395,46 @@ def save_hf_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str) 
 
 
 def save_megatron_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest: str | Path, shards: int = 1,
-                             extra_config: dict | None = None, inputs: tuple | list = ()) -> None:
+                             extra_config: dict | None = None) -> None:
     """A GPT state dict (Megatron names) as a safetensors checkpoint directory: config.json of Megatron's
     arguments, ``shards`` files and, when sharded, model.safetensors.index.json. The tied output layer
-    is stored once; the embedding at the padding of TP 1. ``dest`` must be new (or an empty folder) and
-    not hold, be or lie in any of ``inputs``."""
+    is stored once; the embedding at the padding of TP 1. ``dest`` must be new (or an empty folder)."""
+    tensors, config = megatron_checkpoint_contents(state, m, extra_config)
+    write_safetensors_dir(tensors, config, Path(dest), shards)
+
+
+def megatron_checkpoint_contents(state: dict[str, torch.Tensor], m: ModelSpec,
+                                 extra_config: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of a GPT checkpoint: the tied copy dropped, the embedding at TP 1's padding."""
     from trainperf.model.gpt import TIED_WEIGHTS  # names the tied copy that is not stored
 
     tensors = {k: v.contiguous() for k, v in state.items() if k not in TIED_WEIGHTS}
     emb = "embedding.word_embeddings.weight"
     tensors[emb] = fit_vocab_rows(tensors[emb], m.padded_vocab_size(1)).contiguous()
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[tensors[emb].dtype]
-    config = {**model_fields_to_megatron_config(m, dtype), **(extra_config or {})}
-    write_safetensors_dir(tensors, config, Path(dest), shards, inputs)
+    return tensors, {**model_fields_to_megatron_config(m, dtype), **(extra_config or {})}
 
 
-def write_safetensors_dir(tensors: dict[str, torch.Tensor], config: dict, dest: Path, shards: int,
-                          inputs: tuple | list = ()) -> None:
+def write_safetensors_dir(tensors: dict[str, torch.Tensor], config: dict, dest: Path, shards: int) -> None:
     """config.json + safetensors shards (+ the index when more than one), written atomically."""
+    atomic_write_dir(dest, lambda tmp: write_safetensors_files(tensors, config, tmp, shards))
+
+
+def write_safetensors_files(tensors: dict[str, torch.Tensor], config: dict, folder: Path, shards: int) -> None:
+    """config.json + safetensors shards (+ the index when more than one) into an existing, new folder."""
     names = sorted(tensors)
     shards = max(1, min(shards, len(names)))
-
-    def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        if shards == 1:
-            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            return
-        weight_map = {}
-        for s in range(shards):
-            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            part = names[s::shards]
-            save_file({n: tensors[n] for n in part}, str(tmp / fname), metadata={"format": "pt"})
-            weight_map.update({n: fname for n in part})
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-
-    atomic_write_dir(dest, write, inputs)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    if shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        save_file({n: tensors[n] for n in part}, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
 def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, dest: str,

@@ -24,8 +24,8 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import re
-import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from trainperf.core.errors import SpecError
-from trainperf.core.files import check_output_dir
+from trainperf.core.files import new_output_dir
 from trainperf.core.spec import ModelSpec
 from trainperf.core.untrusted import member_file, printable, read_untrusted_bytes
 
@@ -89,6 +89,7 @@ def read_dcp_metadata(path: Path):
         raise SpecError(f"{printable(path)!r} is not a torch.distributed.checkpoint folder (no .metadata file)")
     raw = read_untrusted_bytes(f, max_bytes=MAX_METADATA_BYTES, root=path, what="DCP metadata")
     try:
+        _check_opcodes(raw)
         md = _MetadataUnpickler(io.BytesIO(raw)).load()
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad input file
         raise SpecError(f"{printable(f)!r} is not a readable DCP metadata file "
@@ -96,6 +97,16 @@ def read_dcp_metadata(path: Path):
     if not isinstance(md, Metadata):
         raise SpecError(f"{printable(f)!r} holds a {type(md).__name__}, not DCP Metadata")
     return md
+
+
+def _check_opcodes(raw: bytes) -> None:
+    """Walk the pickle's opcodes without running any (pickletools): every length it announces must lie
+    inside the file, and no out-of-band buffer or bytearray opcode appears (DCP metadata holds none).
+    The C unpickler allocates an announced length before reading it, and a bytearray8 of an absurd
+    length makes CPython print a stray SystemError; this walk refuses both first."""
+    for op, _, _ in pickletools.genops(raw):  # raises ValueError on a length past the end
+        if op.name in ("BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"):
+            raise pickle.UnpicklingError(f"it holds a {op.name} opcode, which a DCP metadata file does not hold")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -138,9 +149,10 @@ class _Window(io.RawIOBase):
         if n <= 0:
             return 0
         self.fh.seek(self.offset + self.pos)
-        got = self.fh.readinto(memoryview(b)[:n])
-        self.pos += got
-        return got
+        data = self.fh.read(n)  # a copy, not a view of ``b``: no buffer export outlives the call
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def _check_payload(fh, offset: int, length: int, where: str) -> None:
@@ -149,7 +161,7 @@ def _check_payload(fh, offset: int, length: int, where: str) -> None:
     try:
         with zipfile.ZipFile(_Window(fh, offset, length)) as z:
             infos = z.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as exc:
+    except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds (BadZipFile, NotImplementedError, ...)
         raise SpecError(f"{where}: the stored tensor is not a torch.save archive ({printable(_first_line(exc), 120)})") from None
     total = 0
     for info in infos:
@@ -167,7 +179,7 @@ def _check_storage(path: Path, files: dict[str, tuple[Path, int]], info, where: 
     if not isinstance(info, _StorageInfo):
         raise SpecError(f"{where}: its storage entry is a {type(info).__name__}, not DCP's storage info")
     name = getattr(info, "relative_path", None)
-    if name not in files:
+    if not isinstance(name, str) or name not in files:
         f = member_file(path, name, what="DCP data file")
         files[name] = (f, os.stat(f).st_size)
     size = files[name][1]
@@ -233,7 +245,7 @@ def check_dcp_metadata(path: Path, md) -> dict[str, tuple[tuple[int, ...], torch
         props = getattr(meta, "properties", None)
         dtype = getattr(props, "dtype", None)
         if not isinstance(props, TensorProperties) or dtype not in DTYPES:
-            raise SpecError(f"{where} has dtype {printable(str(dtype), 40)}; a GPT checkpoint's weights are "
+            raise SpecError(f"{where} has dtype {printable(str(dtype).removeprefix('torch.'), 40)}; a GPT checkpoint's weights are "
                             f"{', '.join(str(d).removeprefix('torch.') for d in DTYPES)}")
         size = _dims(meta.size, "its shape", where)
         if not size:
@@ -379,7 +391,24 @@ def convert_dcp_to_safetensors(src: str | Path, dest: str | Path, num_heads: int
     from trainperf.model import checkpoint as ckpt  # the target layout's writer and shape table
 
     check_convert_arguments(num_heads, vocab_size, layernorm_epsilon, make_vocab_size_divisible_by, shards)
-    check_output_dir(dest, [src], "--out")  # before any reading: an output that would lose data is refused
+    # the output is checked and its temporary sibling made before any reading: an output that would
+    # lose data, or that cannot be written, is refused first; a failure leaves nothing behind
+    with new_output_dir(dest, [src], "--out") as tmp:
+        m = _converted(src, dest, num_heads, vocab_size, layernorm_epsilon, make_vocab_size_divisible_by)
+        tensors, config = ckpt.megatron_checkpoint_contents(m.tensors, m.spec, extra_config)
+        ckpt.write_safetensors_files(tensors, config, tmp, shards)
+    return m.spec
+
+
+@dataclass
+class _Converted:
+    spec: ModelSpec
+    tensors: dict[str, torch.Tensor]
+
+
+def _converted(src, dest, num_heads, vocab_size, layernorm_epsilon, make_vocab_size_divisible_by) -> _Converted:
+    from trainperf.model import checkpoint as ckpt  # the target layout's shape table
+
     where = f"DCP folder {printable(src)!r}"
     tensors = per_layer_names(read_dcp_model_tensors(src), where)
     s = infer_shapes(tensors, where)
@@ -403,8 +432,7 @@ def convert_dcp_to_safetensors(src: str | Path, dest: str | Path, num_heads: int
             raise SpecError(f"{where}: lacks tensor {name!r}")
         if got != shape and not (name in ckpt.VOCAB_ROWS and got[1:] == shape[1:]):
             raise SpecError(f"{where}: tensor {name!r} has shape {got}; a GPT of these sizes needs {shape}")
-    ckpt.save_megatron_checkpoint(tensors, m, dest, shards=shards, extra_config=extra_config, inputs=[src])
-    return m
+    return _Converted(m, tensors)
 
 
 def check_convert_arguments(num_heads: int, vocab_size: int | None, layernorm_epsilon: float,
