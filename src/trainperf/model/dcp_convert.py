@@ -207,7 +207,8 @@ def _check_chunks(chunks, size: tuple[int, ...], where: str) -> list[tuple[tuple
     for c in chunks:
         if not isinstance(c, ChunkStorageMetadata):
             raise SpecError(f"{where}: a chunk is a {type(c).__name__}, not DCP's chunk metadata")
-        off, sz = _dims(c.offsets, "a chunk's offsets", where), _dims(c.sizes, "a chunk's sizes", where)
+        off = _dims(getattr(c, "offsets", None), "a chunk's offsets", where)
+        sz = _dims(getattr(c, "sizes", None), "a chunk's sizes", where)
         if len(off) != len(size) or len(sz) != len(size) or any(o + n > d for o, n, d in zip(off, sz, size)):
             raise SpecError(f"{where}: chunk at {list(off)} of shape {list(sz)} does not lie inside the tensor's "
                             f"shape {list(size)}")
@@ -247,11 +248,11 @@ def check_dcp_metadata(path: Path, md) -> dict[str, tuple[tuple[int, ...], torch
         if not isinstance(props, TensorProperties) or dtype not in DTYPES:
             raise SpecError(f"{where} has dtype {printable(str(dtype).removeprefix('torch.'), 40)}; a GPT checkpoint's weights are "
                             f"{', '.join(str(d).removeprefix('torch.') for d in DTYPES)}")
-        size = _dims(meta.size, "its shape", where)
+        size = _dims(getattr(meta, "size", None), "its shape", where)
         if not size:
             raise SpecError(f"{where} is a scalar; a GPT weight has at least one dimension")
         elem = torch.empty((), dtype=dtype).element_size()
-        for off, sz in _check_chunks(meta.chunks, size, where):
+        for off, sz in _check_chunks(getattr(meta, "chunks", None), size, where):
             info = storage.get(MetadataIndex(fqn=key, offset=torch.Size(off)))
             if info is None:
                 raise SpecError(f"{where}: no storage entry for its chunk at {list(off)}")
