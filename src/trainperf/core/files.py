@@ -127,20 +127,26 @@ def new_output_dir(dest: str | os.PathLike, inputs: Iterable[str | os.PathLike] 
     dest = check_output_dir(dest, inputs, flag)
     absolute = Path(os.path.abspath(dest))
     made: list[Path] = []
+    tmp = None
     try:
         for parent in reversed(absolute.parents):
             if not parent.exists():
                 os.mkdir(parent)
                 made.append(parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{absolute.name}.tmp-", dir=absolute.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # as a plain mkdir makes it (mkdtemp's 0700 would hide a shared dataset)
     except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         _remove_made(made)
         raise _os_error(flag, dest, exc) from None
     try:
         try:
             yield tmp
         except OSError as exc:
-            named = exc.filename and not _inside(Path(os.path.abspath(exc.filename)), tmp)
+            named = isinstance(exc.filename, str) and not _inside(Path(os.path.abspath(exc.filename)), tmp)
             if named:  # an input that could not be read, not the output
                 raise SpecError(f"cannot read {_shown(Path(exc.filename))}: {exc.strerror or exc}") from None
             raise _os_error(flag, dest, exc) from None

@@ -162,9 +162,13 @@ def inspect_checkpoint(path: str) -> CheckpointIndex:
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise SpecError(f"model.path {shown!r}: model.safetensors.index.json is corrupt "
                             "(expected a weight_map of tensor name -> shard file)")
-        files = sorted({member_file(p, f, what="shard", links_out=True) for f in weight_map.values()})
+        names = sorted(set(weight_map.values()))
     else:
-        files = [member_file(p, f.name, what="shard", links_out=True) for f in sorted(p.glob("*.safetensors"))]
+        names = [f.name for f in sorted(p.glob("*.safetensors"))]
+    try:
+        files = sorted({member_file(p, f, what="shard", links_out=True) for f in names})
+    except SpecError as exc:
+        raise SpecError(f"model.path {shown!r}: {exc}") from None
     if not files:
         raise SpecError(f"model.path {shown!r} holds no *.safetensors files (pickled .bin checkpoints are not loaded)")
     tensors: dict[str, tuple[Path, list[int], str]] = {}
