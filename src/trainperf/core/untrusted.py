@@ -164,19 +164,20 @@ def finite_number(value: object, name: str, *, lo: float | None = None, hi: floa
     return number
 
 
-def member_file(root: str | os.PathLike, name: object, *, what: str = "file", links_out: bool = False) -> Path:
+def member_file(root: str | os.PathLike, name: object, *, what: str = "file", links_out: bool = False,
+                index: str = "the index") -> Path:
     """The file an untrusted index names (a shard of a checkpoint, a data file of a DCP folder) as a
     path inside ``root``: a relative name with no ``..`` part whose real path stays inside ``root``
     (with ``links_out``, a link may lead elsewhere, as a Hugging Face cache snapshot's do) and is a
     regular file. Never opens it; a SpecError for an absolute name, a climb out, a link out, or a
-    missing or special file."""
+    missing or special file. ``index`` names, in messages, the file that named it."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise SpecError(f"{what} name {printable(repr(name), 80)} is not a file name; give names relative "
                         f"to {printable(root)}")
     parts = Path(name).parts
     if Path(name).is_absolute() or name.startswith(("/", "\\")) or ".." in parts or ".." in name.split("\\"):
         raise SpecError(f"{what} {printable(name)} is not inside {printable(root)} (an absolute name or a '..' "
-                        "part); an index may only name files in its own folder")
+                        f"part); {index} may only name files in its own folder")
     path = Path(root) / name
     real = Path(os.path.realpath(path))
     if not links_out and not _inside(real, Path(os.path.realpath(root))):
@@ -185,7 +186,7 @@ def member_file(root: str | os.PathLike, name: object, *, what: str = "file", li
     try:
         st = os.stat(real)
     except OSError as exc:
-        raise SpecError(f"{what} {printable(name)} named in the index is missing from {printable(root)} "
+        raise SpecError(f"{what} {printable(name)} named in {index} is missing from {printable(root)} "
                         f"({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):
         raise SpecError(f"{what} {printable(name)} in {printable(root)} is not a regular file (a FIFO, device, "

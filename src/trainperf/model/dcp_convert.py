@@ -180,7 +180,7 @@ def _check_storage(path: Path, files: dict[str, tuple[Path, int]], info, where: 
         raise SpecError(f"{where}: its storage entry is a {type(info).__name__}, not DCP's storage info")
     name = getattr(info, "relative_path", None)
     if not isinstance(name, str) or name not in files:
-        f = member_file(path, name, what="DCP data file")
+        f = member_file(path, name, what="DCP data file", index="the DCP metadata")
         files[name] = (f, os.stat(f).st_size)
     size = files[name][1]
     offset, length = getattr(info, "offset", None), getattr(info, "length", None)
