@@ -514,7 +514,8 @@ def build_parser(prog: str = "trainperf data convert") -> argparse.ArgumentParse
                                f"(--tokenizer; .jsonl: a text field per line; .txt: a document per file or per line), "
                                f"into a {FORMAT} pretraining data dir.")
     p.add_argument("inputs", nargs="+", help="training files (.txt, .jsonl, .npy; raw text with --tokenizer)")
-    p.add_argument("--out", required=True, help="output dir (must not exist, or be empty)")
+    p.add_argument("--out", required=True, help="output dir: a new path or an empty folder, apart from the inputs "
+                                                "(nothing existing is overwritten)")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary size (Llama 3.1: 128256); with --tokenizer, the tokenizer's by default")
     p.add_argument("--eod-id", type=int, default=None, help="end-of-document id appended to each document "
