@@ -175,7 +175,7 @@ def test_convert_rejects_bad_txt(tmp_path, content, match):
     ('{"input_ids": [1, 2.5]}', "list of integer token ids"),
     ('{"input_ids": [1, true]}', "list of integer token ids"),
     ("[1, 2]", "one of the keys"),
-    ("{not json", "not a JSON object"),
+    ("{not json", "not valid JSON"),
 ])
 def test_convert_rejects_bad_jsonl(tmp_path, line, match):
     (tmp_path / "bad.jsonl").write_text('{"input_ids": [1, 2]}\n' + line + "\n")
@@ -291,7 +291,7 @@ def _break_missing_meta(out):
 
 def _break_bad_json(out):
     (out / "meta.json").write_text("{")
-    return str(out), "not readable JSON"
+    return str(out), "not valid JSON"
 
 
 def _break_format(out):

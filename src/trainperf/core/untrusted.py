@@ -108,6 +108,8 @@ def read_untrusted_text(path: str | os.PathLike, *, max_bytes: int = DEFAULT_MAX
 
 def json_depth_ok(text: str, max_depth: int = MAX_JSON_DEPTH) -> bool:
     """Whether the brackets of JSON ``text`` nest at most ``max_depth`` deep (strings skipped)."""
+    if text.count("[") + text.count("{") <= max_depth:  # the common case, at C speed: too few to nest deeper
+        return True
     depth, in_string, escaped = 0, False, False
     for ch in text:
         if in_string:
@@ -189,3 +191,33 @@ def whole_number(value: object, name: str, *, lo: int | None = None, hi: int | N
     if number != int(number):
         raise SpecError(f"{name} is {number:g}; give a whole number")
     return int(number)
+
+
+def member_file(root: str | os.PathLike, name: object, *, what: str = "file", links_out: bool = False,
+                index: str = "the index") -> Path:
+    """The file an untrusted index names (a shard of a checkpoint, a data file of a DCP folder) as a
+    path inside ``root``: a relative name with no ``..`` part whose real path stays inside ``root``
+    (with ``links_out``, a link may lead elsewhere, as a Hugging Face cache snapshot's do) and is a
+    regular file. Never opens it; a SpecError for an absolute name, a climb out, a link out, or a
+    missing or special file. ``index`` names, in messages, the file that named it."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise SpecError(f"{what} name {printable(repr(name), 80)} is not a file name; give names relative "
+                        f"to {printable(root)}")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or name.startswith(("/", "\\")) or ".." in parts or ".." in name.split("\\"):
+        raise SpecError(f"{what} {printable(name)} is not inside {printable(root)} (an absolute name or a '..' "
+                        f"part); {index} may only name files in its own folder")
+    path = Path(root) / name
+    real = Path(os.path.realpath(path))
+    if not links_out and not _inside(real, Path(os.path.realpath(root))):
+        raise SpecError(f"{what} {printable(name)} points outside {printable(root)} (to {printable(real)}); "
+                        "give a folder whose files are its own, not links elsewhere")
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise SpecError(f"{what} {printable(name)} named in {index} is missing from {printable(root)} "
+                        f"({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(f"{what} {printable(name)} in {printable(root)} is not a regular file (a FIFO, device, "
+                        "socket or folder); give a plain file")
+    return path

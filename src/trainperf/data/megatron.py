@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from trainperf.core.errors import SpecError
+from trainperf.core.untrusted import printable, read_untrusted_bytes
 
 MAGIC = b"MMIDIDX\x00\x00"
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
 SPLITS = ("train", "validation")
+MAX_INDEX_BYTES = 2 << 30  # 12 bytes a sequence: 170M sequences, far above any real shard's index
 
 
 @dataclass(frozen=True)
@@ -45,25 +47,38 @@ class MegatronIndex:
 
 
 def read_index(idx: Path) -> MegatronIndex:
-    """The index of one shard, checked against its .bin; SpecError naming the file otherwise."""
-    raw = idx.read_bytes()
+    """The index of one shard, checked against its .bin; SpecError naming the file otherwise.
+
+    The index may come from anywhere: it is read capped (a regular file, core/untrusted.py), and its
+    lengths must be non-negative and its pointers contiguous from a non-negative start, as Megatron's
+    builder writes them, so that the one flat memmap per shard is exactly the sequences."""
+    shown = printable(str(idx))
+    raw = read_untrusted_bytes(idx, max_bytes=MAX_INDEX_BYTES, what="Megatron index")
     if raw[:9] != MAGIC or len(raw) < 34:
-        raise SpecError(f"{str(idx)!r} is not a Megatron indexed-dataset index (magic MMIDIDX expected)")
+        raise SpecError(f"{shown!r} is not a Megatron indexed-dataset index (magic MMIDIDX expected)")
     version, code = struct.unpack_from("<QB", raw, 9)
     n_seq, n_doc = struct.unpack_from("<QQ", raw, 18)
     if version != 1 or code not in DTYPES:
-        raise SpecError(f"{str(idx)!r}: index version {version}, dtype code {code}; version 1 with codes 1-8 is read")
+        raise SpecError(f"{shown!r}: index version {version}, dtype code {code}; version 1 with codes 1-8 is read")
     body = 34
     if len(raw) < body + n_seq * 12 + n_doc * 8:
-        raise SpecError(f"{str(idx)!r} is truncated: {n_seq} sequences and {n_doc} document indices announced")
+        raise SpecError(f"{shown!r} is truncated: {n_seq} sequences and {n_doc} document indices announced")
     lengths = np.frombuffer(raw, np.int32, n_seq, body)
     pointers = np.frombuffer(raw, np.int64, n_seq, body + 4 * n_seq)
     dtype = np.dtype(DTYPES[code])
+    if n_seq and (int(lengths.min()) < 0 or int(pointers[0]) < 0):
+        raise SpecError(f"{shown!r}: a negative sequence length or offset; the index is damaged")
+    ends = pointers.astype(np.int64) + lengths.astype(np.int64) * dtype.itemsize
+    if n_seq > 1 and not np.array_equal(pointers[1:], ends[:-1]):
+        j = int(np.flatnonzero(pointers[1:] != ends[:-1])[0]) + 1
+        raise SpecError(f"{shown!r}: sequence {j} starts at byte {int(pointers[j])}, not where sequence {j - 1} "
+                        f"ends ({int(ends[j - 1])}); Megatron writes sequences back to back")
     bin_path = idx.with_suffix(".bin")
     size = bin_path.stat().st_size if bin_path.is_file() else -1
-    need = int(pointers[-1] + lengths[-1] * dtype.itemsize) if n_seq else 0
+    need = int(ends[-1]) if n_seq else 0
     if size < need:
-        raise SpecError(f"{str(bin_path)!r} holds {max(size, 0)} bytes; its index {idx.name} needs {need}")
+        raise SpecError(f"{printable(str(bin_path))!r} holds {max(size, 0)} bytes; its index {printable(idx.name)} "
+                        f"needs {need}")
     return MegatronIndex(bin_path, dtype, lengths.copy(), pointers.copy())
 
 

@@ -53,9 +53,7 @@ import argparse
 import io
 import json
 import os
-import shutil
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +62,9 @@ import numpy as np
 import torch
 
 from trainperf.core.errors import SpecError
-from trainperf.data.text import json_lines, load_tokenizer, tokenized_pieces
+from trainperf.core.files import check_output_dir, new_output_dir
+from trainperf.core.untrusted import load_untrusted_json, printable
+from trainperf.data.text import json_lines, load_tokenizer, text_lines, tokenized_pieces, tokenizer_file
 
 FORMAT = "trainperf-pretok-v1"
 SPLITS = ("train", "validation")
@@ -73,6 +73,7 @@ JSONL_KEYS = ("input_ids", "tokens", "ids")
 # Tokens held in memory at a time by the converter (per split buffer) and by verify_pretok_tokens.
 # Tests monkeypatch it to force many chunks.
 CHUNK_TOKENS = 64 * 2**20
+MAX_META_BYTES = 1 << 20  # meta.json: a few hundred bytes
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -91,8 +92,8 @@ def docs_file(path: str | Path, split: str) -> Path:
 def detect(path: str | Path) -> bool:
     """Whether ``path`` is a directory whose meta.json names this format (no other checks)."""
     try:
-        meta = json.loads((Path(path) / META).read_text())
-    except (OSError, ValueError):
+        meta = load_untrusted_json(Path(path) / META, max_bytes=MAX_META_BYTES, what=META)
+    except SpecError:
         return False
     return isinstance(meta, dict) and meta.get("format") == FORMAT
 
@@ -162,12 +163,9 @@ def inspect_pretok(path: str, seq_len: int, vocab_size: int) -> dict[str, int]:
     if seq_len < 1:
         raise SpecError(f"data.seq_len={seq_len}: must be >= 1")
     mf = p / META
-    if not mf.is_file():
+    if not os.path.lexists(mf):
         raise SpecError(f"{where} has no {META} (expected a {FORMAT} dir; build one with `trainperf data convert`)")
-    try:
-        meta = json.loads(mf.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"{mf}: not readable JSON ({_first_line(exc)}); expected a {FORMAT} meta object") from None
+    meta = load_untrusted_json(mf, max_bytes=MAX_META_BYTES, what=f"{META} of data.path")
     if not isinstance(meta, dict):
         raise SpecError(f"{mf}: holds a {type(meta).__name__}, expected a JSON object with format={FORMAT!r}")
     if meta.get("format") != FORMAT:
@@ -279,18 +277,16 @@ def _ints(where: str, values: list) -> np.ndarray:
 
 
 def _read_txt(f: Path) -> Iterator[_Piece]:
-    with open(f, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            where = f"{f}:{lineno}"
-            values = []
-            for w in line.split():
-                try:
-                    values.append(int(w))
-                except ValueError:
-                    raise SpecError(f"{where}: {w[:40]!r} is not an integer token id (a .txt input holds one "
-                                    f"document per line, ids separated by whitespace)") from None
-            if values:
-                yield where, 0, _ints(where, values), True
+    for where, line in text_lines(f):
+        values = []
+        for w in line.split():
+            try:
+                values.append(int(w))
+            except ValueError:
+                raise SpecError(f"{where}: {printable(w[:40])!r} is not an integer token id (a .txt input holds one "
+                                f"document per line, ids separated by whitespace)") from None
+        if values:
+            yield where, 0, _ints(where, values), True
 
 
 def _read_jsonl(f: Path) -> Iterator[_Piece]:
@@ -420,12 +416,15 @@ def convert(inputs: list[str], out_dir: str, vocab_size: int | None, eod_id: int
 
     The validation split comes from ``validation_inputs`` or else from the first
     ``validation_documents`` documents of ``inputs`` (one of the two is required). Writes into a
-    temporary dir next to ``out_dir`` and renames it into place at the end; an existing non-empty
-    ``out_dir`` is refused. Returns {"out": ..., "format": ..., "vocab_size": ..., "dtype": ...,
+    temporary dir next to ``out_dir`` and renames it into place at the end; an ``out_dir`` that exists
+    and is not an empty folder, is or holds or lies in an input, or is not writable is refused before
+    anything is read (core/files.py), and a failure leaves nothing behind. Returns {"out": ..., "format": ..., "vocab_size": ..., "dtype": ...,
     "eod_id": ..., "splits": {split: {"tokens": N, "documents": D}}}.
 
     With ``text`` the inputs are raw text (.jsonl ``text`` fields, .txt files) encoded by the local
     tokenizer it names (data/text.py); ``vocab_size`` defaults to the tokenizer's."""
+    sources = [*inputs, *(validation_inputs or []), *([tokenizer_file(text.tokenizer)] if text else [])]
+    out = check_output_dir(out_dir, sources, "--out")  # before any reading: nothing existing is touched
     tok = load_tokenizer(text.tokenizer) if text else None
     if tok is not None:
         vocab_size = vocab_size or tok.vocab_size
@@ -446,49 +445,41 @@ def convert(inputs: list[str], out_dir: str, vocab_size: int | None, eod_id: int
                         "uses) or --validation-documents N (the first N documents of the inputs)")
     for f in [*inputs, *(validation_inputs or [])]:
         if tok is None and Path(f).suffix.lower() not in READERS:
-            raise SpecError(f"{f}: unknown input kind {Path(f).suffix!r}; expected one of {sorted(READERS)}")
+            raise SpecError(f"{printable(f)}: unknown input kind {printable(Path(f).suffix)!r}; expected one of "
+                            f"{sorted(READERS)}")
         if not Path(f).is_file():
-            raise SpecError(f"{f}: no such input file")
-    out = Path(out_dir)
-    _refuse_existing(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.mkdir(tmp)
-    writers: dict[str, _SplitWriter] = {}
-    try:
-        writers = {s: _SplitWriter(tmp, s, vocab_size, eod_id) for s in SPLITS}
-        val, train = writers["validation"], writers["train"]
-        pieces = _pieces if tok is None else (lambda files: tokenized_pieces(
-            tok, files, text.text_key, text.per_line, text.on_document))
-        if validation_inputs:
-            for piece in pieces(validation_inputs):
-                val.add(*piece)
-        for piece in pieces(inputs):
-            (val if val.documents < validation_documents else train).add(*piece)
-        if validation_documents and val.documents < validation_documents:
-            raise SpecError(f"--validation-documents={validation_documents}: the inputs hold only "
-                            f"{val.documents} non-empty documents")
-        splits = {s: w.close() for s, w in writers.items()}
-        for s, counts in splits.items():
-            if counts["tokens"] == 0:
-                raise SpecError(f"the {s} split would be empty: give inputs with at least one non-empty document "
-                                f"for it")
-        meta = {"format": FORMAT, "vocab_size": vocab_size, "dtype": token_dtype(vocab_size).name,
-                "eod_id": eod_id, "splits": splits, "source": source}
-        with open(tmp / META, "w") as fh:
-            json.dump(meta, fh, indent=1)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        _refuse_existing(out)
-        if out.is_dir():
-            out.rmdir()  # empty: replaced by the finished dir
-        os.replace(tmp, out)
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise SpecError(f"{printable(f)}: no such input file (or not a regular file)")
+    with new_output_dir(out, sources, "--out") as tmp:
+        writers: dict[str, _SplitWriter] = {}
+        try:
+            writers = {s: _SplitWriter(tmp, s, vocab_size, eod_id) for s in SPLITS}
+            val, train = writers["validation"], writers["train"]
+            pieces = _pieces if tok is None else (lambda files: tokenized_pieces(
+                tok, files, text.text_key, text.per_line, text.on_document))
+            if validation_inputs:
+                for piece in pieces(validation_inputs):
+                    val.add(*piece)
+            for piece in pieces(inputs):
+                (val if val.documents < validation_documents else train).add(*piece)
+            if validation_documents and val.documents < validation_documents:
+                raise SpecError(f"--validation-documents={validation_documents}: the inputs hold only "
+                                f"{val.documents} non-empty documents")
+            splits = {s: w.close() for s, w in writers.items()}
+            for s, counts in splits.items():
+                if counts["tokens"] == 0:
+                    raise SpecError(f"the {s} split would be empty: give inputs with at least one non-empty document "
+                                    f"for it")
+            meta = {"format": FORMAT, "vocab_size": vocab_size, "dtype": token_dtype(vocab_size).name,
+                    "eod_id": eod_id, "splits": splits, "source": source}
+            with open(tmp / META, "w") as fh:
+                json.dump(meta, fh, indent=1)
+                fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            for w in writers.values():
+                w.abort()
+            raise
     return {"out": str(out), **meta}
 
 
@@ -512,12 +503,6 @@ def _eod_from_token(tok, token: str, eod_id: int | None) -> int:
     return found
 
 
-def _refuse_existing(out: Path) -> None:
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        raise SpecError(f"--out {str(out)!r} already exists and is not an empty directory; "
-                        f"give a new path (converted data is never overwritten)")
-
-
 # ---------------------------------------------------------------------------------------------
 # CLI: trainperf data convert
 
@@ -529,7 +514,8 @@ def build_parser(prog: str = "trainperf data convert") -> argparse.ArgumentParse
                                f"(--tokenizer; .jsonl: a text field per line; .txt: a document per file or per line), "
                                f"into a {FORMAT} pretraining data dir.")
     p.add_argument("inputs", nargs="+", help="training files (.txt, .jsonl, .npy; raw text with --tokenizer)")
-    p.add_argument("--out", required=True, help="output dir (must not exist, or be empty)")
+    p.add_argument("--out", required=True, help="output dir: a new path or an empty folder, apart from the inputs "
+                                                "(nothing existing is overwritten)")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="tokenizer vocabulary size (Llama 3.1: 128256); with --tokenizer, the tokenizer's by default")
     p.add_argument("--eod-id", type=int, default=None, help="end-of-document id appended to each document "
@@ -594,8 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                           validation_inputs=args.validation_inputs, source=args.source, text=text)
     except SpecError as exc:
         if args.json:
-            print(json.dumps({"error": str(exc), "exit_code": 2}))
-        print(f"trainperf: error: {exc}", file=sys.stderr)
+            print(json.dumps({"error": printable(str(exc), 4000), "exit_code": 2}))
+        print(f"trainperf: error: {printable(str(exc), 4000)}", file=sys.stderr)
         return 2
     finally:
         if bar is not None:

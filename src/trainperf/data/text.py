@@ -6,11 +6,15 @@ Inputs: ``.jsonl`` (one JSON object per line; its ``text`` field, or ``text_key`
 and ``.txt`` (the whole file one document, or one document per line with ``per_line``). Documents are
 encoded in batches (the Rust tokenizer's ``encode_batch`` runs them on every core) without special
 tokens: the converter appends the end-of-document id itself.
+
+Inputs may come from anywhere: lines are read as bytes with a cap (:data:`MAX_LINE_BYTES`; a longer
+line is refused before it is held, let alone tokenized), decoded as UTF-8 with the line named on a
+failure, and parsed as depth-bounded JSON (core/untrusted.py).
 """
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from trainperf.core.errors import SpecError
+from trainperf.core.untrusted import parse_untrusted_json, printable, read_untrusted_text
 
 BATCH_DOCUMENTS = 512
+# The longest line (and whole-file .txt document) read: the Rust tokenizer is slow and can panic on a
+# single string of tens of MB, and a line is held whole in memory. Tests monkeypatch it.
+MAX_LINE_BYTES = 16 * 2**20
 TEXT_SUFFIXES = (".jsonl", ".txt")
 
 
@@ -35,8 +43,11 @@ class TextTokenizer:
 
 
 def _hf_tokenizer(path: Path) -> TextTokenizer:
-    # the Rust tokenizer loads only for a text conversion
-    from tokenizers import Tokenizer
+    try:  # the Rust tokenizer loads only for a text conversion
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SpecError(f"--tokenizer {printable(path)!r} is a tokenizer.json, which needs the tokenizers package "
+                        "(pip install tokenizers)") from None
 
     try:
         tok = Tokenizer.from_file(str(path))
@@ -44,7 +55,13 @@ def _hf_tokenizer(path: Path) -> TextTokenizer:
         raise SpecError(f"--tokenizer {str(path)!r}: not a Hugging Face tokenizer.json ({str(exc).splitlines()[0]})") from None
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        try:
+            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+        except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise SpecError(f"--tokenizer {printable(path)!r} failed on a batch of {len(texts)} documents "
+                            f"({type(exc).__name__}: {printable(str(exc).splitlines()[0] if str(exc) else '', 120)})") from None
 
     return TextTokenizer(str(path), "tokenizers", tok.get_vocab_size(with_added_tokens=True), encode, tok.token_to_id)
 
@@ -68,31 +85,49 @@ def _sentencepiece(path: Path) -> TextTokenizer:
     return TextTokenizer(str(path), "sentencepiece", sp.GetPieceSize(), lambda texts: sp.Encode(texts), lookup)
 
 
-def load_tokenizer(path: str) -> TextTokenizer:
-    """The tokenizer at a local path: a tokenizer.json, a SentencePiece .model, or a folder with one."""
+def tokenizer_file(path: str) -> Path:
+    """The file a --tokenizer path names: itself, or a folder's tokenizer.json (else tokenizer.model)."""
     p = Path(path)
     if p.is_dir():
         found = [p / n for n in ("tokenizer.json", "tokenizer.model") if (p / n).is_file()]
         if not found:
-            raise SpecError(f"--tokenizer {path!r}: the folder holds neither tokenizer.json nor tokenizer.model")
+            raise SpecError(f"--tokenizer {printable(path)!r}: the folder holds neither tokenizer.json nor "
+                            "tokenizer.model")
         p = found[0]
     if not p.is_file():
-        raise SpecError(f"--tokenizer {path!r}: no such file (a tokenizer.json, a SentencePiece .model, or a "
-                        "folder with one)")
+        raise SpecError(f"--tokenizer {printable(path)!r}: no such file (a tokenizer.json, a SentencePiece .model, "
+                        "or a folder with one)")
+    return p
+
+
+def load_tokenizer(path: str) -> TextTokenizer:
+    """The tokenizer at a local path: a tokenizer.json, a SentencePiece .model, or a folder with one."""
+    p = tokenizer_file(path)
     return _sentencepiece(p) if p.suffix == ".model" else _hf_tokenizer(p)
 
 
-def json_lines(f: Path) -> Iterator[tuple[str, object]]:
-    """(FILE:LINE, parsed value) of each non-blank line of a .jsonl file; SpecError on one that is not JSON."""
-    with open(f, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{f}:{lineno}"
+def text_lines(f: Path) -> Iterator[tuple[str, str]]:
+    """(FILE:LINE, text) of each line of a file, read as bytes: a line longer than MAX_LINE_BYTES or
+    not UTF-8 is a SpecError naming it."""
+    limit = MAX_LINE_BYTES
+    with open(f, "rb") as fh:
+        for lineno, raw in enumerate(iter(lambda: fh.readline(limit + 1), b""), 1):
+            where = f"{printable(f)}:{lineno}"
+            if len(raw) > limit:
+                raise SpecError(f"{where}: a line longer than {limit:,} bytes; split it into documents of at most "
+                                f"{limit // 2**20} MiB")
             try:
-                yield where, json.loads(line)
-            except ValueError as exc:
-                raise SpecError(f"{where}: not a JSON object ({exc})") from None
+                yield where, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SpecError(f"{where}: not UTF-8 text (byte {exc.start} of the line); give UTF-8 files") from None
+
+
+def json_lines(f: Path) -> Iterator[tuple[str, object]]:
+    """(FILE:LINE, parsed value) of each non-blank line of a .jsonl file; SpecError on one that is not
+    JSON, nests too deep, or holds NaN."""
+    for where, line in text_lines(f):
+        if line.strip():
+            yield where, parse_untrusted_json(line, where=where)
 
 
 def _texts_jsonl(f: Path, text_key: str) -> Iterator[tuple[str, str]]:
@@ -104,13 +139,17 @@ def _texts_jsonl(f: Path, text_key: str) -> Iterator[tuple[str, str]]:
 
 
 def _texts_txt(f: Path, per_line: bool) -> Iterator[tuple[str, str]]:
-    with open(f, encoding="utf-8") as fh:
-        if not per_line:
-            yield str(f), fh.read()
-            return
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                yield f"{f}:{lineno}", line.rstrip("\n")
+    if not per_line:
+        size = os.stat(f).st_size
+        if size > MAX_LINE_BYTES:
+            raise SpecError(f"{printable(f)}: {size:,} bytes as one document, more than the {MAX_LINE_BYTES:,} "
+                            "read as one; give --per-line (a document per line) or split the file")
+        text = read_untrusted_text(f, max_bytes=MAX_LINE_BYTES, what="input")
+        yield str(f), text.replace("\r\n", "\n").replace("\r", "\n")  # as a text-mode read gives it
+        return
+    for where, line in text_lines(f):
+        if line.strip():
+            yield where, line.rstrip("\r\n")
 
 
 def text_documents(files: list[str], text_key: str = "text", per_line: bool = False) -> Iterator[tuple[str, str]]:

@@ -13,6 +13,7 @@ no rank ever holds more than one full tensor at a time.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from safetensors.torch import save_file
 from trainperf.core.errors import SpecError
 from trainperf.core.files import atomic_write_dir
 from trainperf.core.spec import LoRASpec, ModelSpec
+from trainperf.core.untrusted import load_untrusted_json, member_file, printable
+
+MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json and the shard index: a 405B model's index is a few MB
 
 HF_CONFIG_KEYS = {  # ModelSpec field -> Hugging Face LlamaConfig key
     "vocab_size": "vocab_size",
@@ -133,51 +137,61 @@ def model_fields_to_hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
 
 
 def inspect_checkpoint(path: str) -> CheckpointIndex:
-    """Read config.json and every shard's header; SpecError if anything is missing or corrupt."""
+    """Read config.json and every shard's header; SpecError if anything is missing or corrupt.
+
+    The folder may come from anywhere: config.json and the index are read capped and depth-bounded
+    (core/untrusted.py); a shard the index names must be a plain name inside the folder (never an
+    absolute path or a ``..`` part) and a regular file, checked before it is opened (links are followed:
+    a Hugging Face cache snapshot links its files into the cache); a shard's header is parsed by the
+    safetensors library, which refuses offsets outside the file."""
     p = Path(path)
+    shown = printable(path)
     if not p.is_dir():
-        raise SpecError(f"model.path {path!r} is not a directory (expected a Hugging Face checkpoint dir)")
+        raise SpecError(f"model.path {shown!r} is not a directory (expected a Hugging Face checkpoint dir)")
     cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise SpecError(f"model.path {path!r} has no config.json")
-    try:
-        config = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"model.path {path!r}: config.json is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not os.path.lexists(cfg_file):
+        raise SpecError(f"model.path {shown!r} has no config.json")
+    config = load_untrusted_json(cfg_file, max_bytes=MAX_JSON_BYTES, what="config.json of model.path")
     if not isinstance(config, dict):
-        raise SpecError(f"model.path {path!r}: config.json must hold a JSON object, found {type(config).__name__}")
-    files = sorted(p.glob("*.safetensors"))
+        raise SpecError(f"model.path {shown!r}: config.json must hold a JSON object, found {type(config).__name__}")
     index_file = p / "model.safetensors.index.json"
     weight_map: dict = {}
-    if index_file.is_file():
-        try:
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-                raise TypeError
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise SpecError(f"model.path {path!r}: model.safetensors.index.json is corrupt "
-                            "(expected a weight_map of tensor name -> shard file)") from None
-        missing = sorted({f for f in weight_map.values() if not (p / f).is_file()})
-        if missing:
-            raise SpecError(f"model.path {path!r}: shard {missing[0]} named in the index is missing")
-        files = sorted({p / f for f in weight_map.values()})
+    if os.path.lexists(index_file):
+        index = load_untrusted_json(index_file, max_bytes=MAX_JSON_BYTES, what="model.safetensors.index.json of model.path")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise SpecError(f"model.path {shown!r}: model.safetensors.index.json is corrupt "
+                            "(expected a weight_map of tensor name -> shard file)")
+        names = sorted(set(weight_map.values()))
+    else:
+        names = [f.name for f in sorted(p.glob("*.safetensors"))]
+    try:
+        files = sorted({member_file(p, f, what="shard", links_out=True) for f in names})
+    except SpecError as exc:
+        raise SpecError(f"model.path {shown!r}: {exc}") from None
     if not files:
-        raise SpecError(f"model.path {path!r} holds no *.safetensors files (pickled .bin checkpoints are not loaded)")
+        raise SpecError(f"model.path {shown!r} holds no *.safetensors files (pickled .bin checkpoints are not loaded)")
     tensors: dict[str, tuple[Path, list[int], str]] = {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as sf:
                 names = list(sf.keys())
                 shapes = {name: (list(sf.get_slice(name).get_shape()), sf.get_slice(name).get_dtype()) for name in names}
-        except Exception as exc:
-            raise SpecError(f"model.path {path!r}: {f.name} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+        except Exception as exc:  # noqa: BLE001 - the library's own error for a truncated or garbled header
+            raise SpecError(f"model.path {shown!r}: {printable(f.name)} is not a readable safetensors file "
+                            f"({printable(_first_line(exc), 160)})") from None
         for name in names:
             if name in tensors:  # which copy would load is an accident of file order: refuse, whatever the index says
-                named = f" (the index names {weight_map[name]})" if name in weight_map else ""
-                raise SpecError(f"model.path {path!r}: tensor {name!r} is stored twice, in {tensors[name][0].name} and "
-                                f"{f.name}{named}; keep one copy")
+                named = f" (the index names {printable(weight_map[name])})" if name in weight_map else ""
+                raise SpecError(f"model.path {shown!r}: tensor {printable(name)!r} is stored twice, in "
+                                f"{printable(tensors[name][0].name)} and {printable(f.name)}{named}; keep one copy")
             tensors[name] = (f, *shapes[name])
     return CheckpointIndex(p, config, tensors)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def expected_gpt_shapes(m: ModelSpec) -> dict[str, list[int]]:
@@ -388,36 +402,43 @@ def save_megatron_checkpoint(state: dict[str, torch.Tensor], m: ModelSpec, dest:
                              extra_config: dict | None = None) -> None:
     """A GPT state dict (Megatron names) as a safetensors checkpoint directory: config.json of Megatron's
     arguments, ``shards`` files and, when sharded, model.safetensors.index.json. The tied output layer
-    is stored once; the embedding at the padding of TP 1."""
+    is stored once; the embedding at the padding of TP 1. ``dest`` must be new (or an empty folder)."""
+    tensors, config = megatron_checkpoint_contents(state, m, extra_config)
+    write_safetensors_dir(tensors, config, Path(dest), shards)
+
+
+def megatron_checkpoint_contents(state: dict[str, torch.Tensor], m: ModelSpec,
+                                 extra_config: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of a GPT checkpoint: the tied copy dropped, the embedding at TP 1's padding."""
     from trainperf.model.gpt import TIED_WEIGHTS  # names the tied copy that is not stored
 
     tensors = {k: v.contiguous() for k, v in state.items() if k not in TIED_WEIGHTS}
     emb = "embedding.word_embeddings.weight"
     tensors[emb] = fit_vocab_rows(tensors[emb], m.padded_vocab_size(1)).contiguous()
     dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[tensors[emb].dtype]
-    config = {**model_fields_to_megatron_config(m, dtype), **(extra_config or {})}
-    write_safetensors_dir(tensors, config, Path(dest), shards)
+    return tensors, {**model_fields_to_megatron_config(m, dtype), **(extra_config or {})}
 
 
 def write_safetensors_dir(tensors: dict[str, torch.Tensor], config: dict, dest: Path, shards: int) -> None:
     """config.json + safetensors shards (+ the index when more than one), written atomically."""
+    atomic_write_dir(dest, lambda tmp: write_safetensors_files(tensors, config, tmp, shards))
+
+
+def write_safetensors_files(tensors: dict[str, torch.Tensor], config: dict, folder: Path, shards: int) -> None:
+    """config.json + safetensors shards (+ the index when more than one) into an existing, new folder."""
     names = sorted(tensors)
     shards = max(1, min(shards, len(names)))
-
-    def write(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        if shards == 1:
-            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            return
-        weight_map = {}
-        for s in range(shards):
-            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            part = names[s::shards]
-            save_file({n: tensors[n] for n in part}, str(tmp / fname), metadata={"format": "pt"})
-            weight_map.update({n: fname for n in part})
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-
-    atomic_write_dir(dest, write)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    if shards == 1:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[s::shards]
+        save_file({n: tensors[n] for n in part}, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
 def save_peft_adapter(adapter_state: dict[str, torch.Tensor], spec: LoRASpec, dest: str,
