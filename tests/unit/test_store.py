@@ -214,3 +214,39 @@ def test_v1_store_migrates_to_current_schema_keeping_runs(tmp_path, monkeypatch)
     new.save_plan([{"plan_id": "x:P1", "workload": "mini-lora", "gpus": 2, "gpus_per_node": 2, "gpu": "H200",
                     "overrides": {"parallel.tp": 2}, "predicted": {"step_time_s": 1.0}}])
     assert new.get_plan("x:P1")["overrides"] == {"parallel.tp": 2}
+
+
+def _item_run(s: Store, run_id: str, owner_pid: int) -> None:
+    s.create_run(run_id, "mini-pretrain", SPEC, "dp_shard=1", 1, "open", False, 3.3, "/tmp/x",
+                 sweep_item={"sweep_id": "sw", "item_id": "i1", "owner_pid": owner_pid})
+
+
+def test_a_sweep_items_run_is_linked_and_ends_it_in_the_runs_own_writes(db):
+    """The run a sweep starts links its item when its row is made and ends it when it succeeds, in the
+    same transactions: a sweep killed in between cannot leave the item to be run a second time."""
+    s = Store(db)
+    s.add_sweep_items("sw", [{"item_id": "i1", "workload": "mini-pretrain", "nproc": 1, "overrides": {}}])
+    assert s.claim_sweep_item("sw", "i1") is not None
+    _item_run(s, "other", owner_pid=os.getpid() + 1)  # not the sweep that holds the item: not linked
+    assert s.sweep_items("sw")[0]["run_id"] is None
+    _item_run(s, "r1", owner_pid=os.getpid())
+    assert s.sweep_items("sw")[0]["run_id"] == "r1"
+    s.finish_run("r1", status="success", time_to_train_s=1.0)
+    item = s.sweep_items("sw")[0]
+    assert item["status"] == "success" and item["finished_at"] is not None
+    s.set_sweep_item("sw", "i1", "pending", "r1", "the sweep was stopped")  # a late stop does not undo it
+    assert s.sweep_items("sw")[0]["status"] == "success"
+    with s.transaction() as c:  # an item left running by a store that lost the sweep's last write
+        c.execute("UPDATE sweep_items SET status = 'running', owner_pid = NULL")
+    assert s.claim_sweep_item("sw", "i1") is None and s.sweep_items("sw")[0]["status"] == "success"
+
+
+def test_a_failed_or_interrupted_run_leaves_its_item_to_the_sweep(db):
+    s = Store(db)
+    s.add_sweep_items("sw", [{"item_id": "i1", "workload": "mini-pretrain", "nproc": 1, "overrides": {}}])
+    s.claim_sweep_item("sw", "i1")
+    _item_run(s, "r1", owner_pid=os.getpid())
+    s.finish_run("r1", status="failed", status_reason="RunInterrupted: received signal SIGTERM")
+    s.set_sweep_item("sw", "i1", "pending", "r1", "the sweep was stopped")
+    assert s.sweep_items("sw")[0]["status"] == "pending"
+    assert s.claim_sweep_item("sw", "i1")["status"] == "running"  # the resume runs it again

@@ -232,8 +232,9 @@ def git_sha() -> str | None:
 
 
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str,
-           purpose: str = "run") -> dict:
-    """Run the job to completion and return its summary (status success or failed)."""
+           purpose: str = "run", sweep_item: dict | None = None) -> dict:
+    """Run the job to completion and return its summary (status success or failed). ``sweep_item``: the
+    sweep item the run is for, linked to the run's row as it is made (``Store.create_run``)."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
     run_dir = Path(out_root) / run_id
@@ -242,7 +243,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
     store.reap_dead_runs()
     store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
                      spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
-                     git_sha=git_sha(), purpose=purpose)
+                     git_sha=git_sha(), purpose=purpose, sweep_item=sweep_item)
     (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree

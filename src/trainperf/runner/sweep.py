@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import sys
 import tempfile
 import tomllib
@@ -272,7 +273,8 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
             echo(f"failed  {_item_label(row)} {problems[item['item_id']]}")
             continue
         cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
-               "--json", "--db", db, "--out", out, *_set_args(row["overrides"])]
+               "--json", "--db", db, "--out", out, *_set_args(row["overrides"]), "--sweep-item",
+               json.dumps({"sweep_id": sweep_id, "item_id": row["item_id"], "owner_pid": os.getpid()})]
         for s in extra_sets:
             cmd += ["--set", s]
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:

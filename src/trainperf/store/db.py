@@ -361,9 +361,12 @@ class Store:
     def create_run(self, run_id: str, workload: str, spec: dict, layout: str, world_size: int,
                    division: str, comparable: bool, target: float, out_dir: str,
                    hardware: dict | None = None, software: dict | None = None, git_sha: str | None = None,
-                   pid: int | None = None, purpose: str = "run") -> None:
+                   pid: int | None = None, purpose: str = "run", sweep_item: dict | None = None) -> None:
         """The run's row, 'running', owned by process ``pid`` (this one by default) of this host, with
-        that process's start time and process group: what tells later whether the run may be alive."""
+        that process's start time and process group: what tells later whether the run may be alive.
+        ``sweep_item`` ({sweep_id, item_id, owner_pid}: the item a sweep started this run for): the item,
+        while that sweep still holds it, gets this run's id in the same transaction, so no sweep killed
+        afterwards can leave the item without it (and ``finish_run`` then ends the item with the run)."""
         pid = pid if pid is not None else os.getpid()
         try:
             pgid = os.getpgid(pid)
@@ -378,6 +381,10 @@ class Store:
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
                  pid, pid_namespace(), process_start_time(pid), pgid, target, out_dir, purpose),
             )
+            if sweep_item:
+                c.execute("UPDATE sweep_items SET run_id = ? WHERE sweep_id = ? AND item_id = ? AND status = 'running' "
+                          "AND owner_pid = ?", (run_id, sweep_item["sweep_id"], sweep_item["item_id"],
+                                                sweep_item["owner_pid"]))
 
     def import_runs(self, rows: list[dict]) -> list[str]:
         """Finished runs of another engine, all in one transaction (a run id already stored is left as
@@ -423,6 +430,9 @@ class Store:
                             (*result.values(), run_id, *([] if owner_pid is None else [owner_pid])))
             if cur.rowcount != 1:
                 return False
+            if result.get("status") == "success" and self.schema_version >= 3:  # the sweep item this run was started for (if any) ends with it
+                c.execute("UPDATE sweep_items SET status = 'success', reason = NULL, finished_at = ? WHERE run_id = ? "
+                          "AND status IN ('pending', 'running')", (result["finished_at"], run_id))
             for e in eval_rows or []:
                 c.execute("INSERT OR REPLACE INTO evals VALUES (?, ?, ?, ?, ?)",
                           (run_id, e["samples_count"], e["step"], e["eval_loss"], e["elapsed_s"]))
@@ -492,12 +502,12 @@ class Store:
     def set_sweep_item(self, sweep_id: str, item_id: str, status: str, run_id: str | None = None,
                        reason: str | None = None) -> None:
         now = time.time()
-        with self.transaction() as c:
+        with self.transaction() as c:  # an item its run ended as a success is never put back to run again
             c.execute("UPDATE sweep_items SET status = ?, run_id = COALESCE(?, run_id), reason = ?, "
                       "started_at = CASE WHEN ? = 'running' THEN ? ELSE started_at END, "
                       "finished_at = CASE WHEN ? IN ('success', 'failed') THEN ? ELSE finished_at END "
-                      "WHERE sweep_id = ? AND item_id = ?",
-                      (status, run_id, reason, status, now, status, now, sweep_id, item_id))
+                      "WHERE sweep_id = ? AND item_id = ? AND NOT (status = 'success' AND ? = 'pending')",
+                      (status, run_id, reason, status, now, status, now, sweep_id, item_id, status))
 
     def claim_sweep_item(self, sweep_id: str, item_id: str, take_over: bool = False) -> dict | None:
         """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
@@ -508,6 +518,10 @@ class Store:
         with self.transaction() as c:
             row = c.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?", (sweep_id, item_id)).fetchone()
             if row is None or row["status"] in ("success", "failed"):
+                return None
+            if self._run_succeeded(c, row["run_id"]):  # its run succeeded, whatever became of the sweep since
+                c.execute("UPDATE sweep_items SET status = 'success', reason = NULL, finished_at = COALESCE("
+                          "finished_at, ?) WHERE sweep_id = ? AND item_id = ?", (time.time(), sweep_id, item_id))
                 return None
             if row["status"] == "running" and row["owner_pid"] is not None and not take_over and not _is_ours_and_dead(
                     row["owner_host"], row["owner_pid_ns"], row["owner_pid"], row["owner_started"]):
@@ -521,6 +535,11 @@ class Store:
         out = dict(row) | {"status": "running"}
         out["overrides"] = json.loads(out.pop("overrides_json"))
         return out
+
+    @staticmethod
+    def _run_succeeded(c: sqlite3.Connection, run_id: str | None) -> bool:
+        return run_id is not None and c.execute("SELECT 1 FROM runs WHERE run_id = ? AND status = 'success'",
+                                                (run_id,)).fetchone() is not None
 
     def _previous_run_alive(self, item: dict) -> str | None:
         """What of an item's previous run may still be running on this host: its process group (started
