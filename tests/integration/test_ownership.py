@@ -127,6 +127,35 @@ def test_a_timed_out_trial_has_its_process_group_ended(monkeypatch):
     _wait_for(lambda: not process_group_alive(pgid), 5, "the trial's group to end")
 
 
+_TRIAL_THAT_HIDES_ITS_TIMEOUT = """
+import signal, sys, time
+from trainperf.store.db import Store
+store = Store(sys.argv[1])
+store.create_run("trial-1", "mini-lora", {}, "dp_shard=1", 1, "open", False, 3.3, "/tmp/x", purpose="trial")
+def stopped(signum, frame):  # as a rank stopped inside a collective records it: an empty RuntimeError
+    store.mark_failed_if_running("trial-1", "RuntimeError: ")
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stopped)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_timed_out_trials_row_says_it_timed_out(monkeypatch, tmp_path):
+    from trainperf.runner import tune  # the trial runner
+    from trainperf.store.db import Store
+
+    db = tmp_path / "t.db"
+    Store(db).close()
+    monkeypatch.setattr(tune, "trial_command", lambda *a: [sys.executable, "-c", _TRIAL_THAT_HIDES_ITS_TIMEOUT, str(db)])
+    cand = types.SimpleNamespace(id="P1", set_line="")
+    trial = tune.run_trial("mini-lora", 1, cand, 2, str(db), str(tmp_path / "runs"), [], timeout_s=3)
+    assert trial.run_id == "trial-1"
+    row = Store(db).get_run("trial-1")
+    assert row["status"] == "failed" and row["status_reason"].startswith("timed out after 3 s"), row["status_reason"]
+    assert "RuntimeError" in row["status_reason"]  # what the run itself recorded is kept after it
+
+
 @pytest.mark.slow
 def test_sigterm_to_tune_ends_the_running_trial_and_says_so(tmp_path):
     tune = subprocess.Popen(trainperf_cmd("tune", "mini-pretrain", "--gpus", "1", "--db", str(tmp_path / "t.db"),

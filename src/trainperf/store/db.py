@@ -449,6 +449,21 @@ class Store:
                 (reason, time.time(), run_id))
             return cur.rowcount == 1
 
+    def end_stopped_run(self, pid: int, since: float, reason: str) -> str | None:
+        """The run process ``pid`` of this host started at or after ``since``, which its caller stopped
+        (a tune trial past its time): its row says ``reason`` first, then what the run recorded as it
+        stopped (a row still running is failed). Its run id, or None when it made no row."""
+        with self.transaction() as c:
+            row = c.execute("SELECT run_id FROM runs WHERE host = ? AND pid = ? AND created_at >= ? AND status IN "
+                            "('running', 'failed') ORDER BY created_at DESC LIMIT 1",
+                            (socket.gethostname(), pid, since)).fetchone()
+            if row is None:
+                return None
+            c.execute("UPDATE runs SET status_reason = ? || CASE WHEN status = 'running' OR status_reason IS NULL "
+                      "THEN '' ELSE ' (as it stopped: ' || status_reason || ')' END, status = 'failed', "
+                      "finished_at = COALESCE(finished_at, ?) WHERE run_id = ?", (reason, time.time(), row[0]))
+            return row[0]
+
     def mark_hung_if_running(self, run_id: str, reason: str) -> bool:
         with self.transaction() as c:
             cur = c.execute(
