@@ -87,7 +87,9 @@ def test_two_sweeps_of_one_name_run_each_item_once_and_only_their_own(tmp_path):
     assert seeds == {1, 2, 3}
 
 
-def test_sigterm_to_a_sweep_stops_its_run_and_leaves_the_item_to_resume(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_to_a_sweep_stops_its_run_and_leaves_the_item_to_resume(tmp_path, sig):
+    """SIGTERM or SIGINT (Ctrl-C): the run is told the same signal and records it as the one that stopped it."""
     import signal
     import time
 
@@ -106,13 +108,14 @@ runs:
     while time.time() < deadline and not (db.exists() and Store(db).list_runs()):
         time.sleep(0.5)
     time.sleep(2)  # the run is training
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "sweep stopped (received SIGTERM)" in err, err[-1500:]
+    assert proc.returncode == 1 and f"sweep stopped (received {sig})" in err, err[-1500:]
     store = Store(db)
     (item,) = store.sweep_items("stopme")
     (run,) = store.list_runs()
     assert run["status"] == "failed"  # the signal reached the run, which recorded its end
+    assert run["status_reason"] == f"RunInterrupted: received signal {sig}"
     assert item["status"] == "pending" and item["run_id"] == run["run_id"] and "resumed" in item["reason"]
 
 

@@ -261,7 +261,8 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
-            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid))
+            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid),
+                                      pass_sigint=True)  # the ranks record which signal stopped the run
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one

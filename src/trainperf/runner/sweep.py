@@ -280,7 +280,7 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
             try:
                 returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
-                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)))
+                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)), pass_sigint=True)
             except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
                 store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
                                      f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")

@@ -90,8 +90,8 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
             trial.wall_s = time.perf_counter() - t0
             trial.run_id = _record_timeout(db, proc.pid, started, timeout_s)
             return trial
-        except Interrupted as exc:
-            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S)
+        except Interrupted as exc:  # the trial (a run) records the signal tune received
+            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S, sig=exc.signum)
             raise Interrupted(f"{exc}: trial {cand.id} stopped, its processes (process group {proc.pid}) ended") from None
         finally:
             for sig, handler in previous.items():
@@ -135,7 +135,7 @@ def _record_timeout(db: str, pid: int, started: float, timeout_s: float) -> str 
 
 
 def _raise_interrupted(signum, frame):
-    raise Interrupted(f"tune received {signal.Signals(signum).name}")
+    raise Interrupted(f"tune received {signal.Signals(signum).name}", signum)
 
 
 def recalibrated(cand: Candidate, ratios: list[float]) -> float:

@@ -257,6 +257,8 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
+    # a SIGINT (Ctrl-C, or passed on by a sweep or a launcher) is recorded as itself, not as a bare KeyboardInterrupt
+    previous_sigint = signal.signal(signal.SIGINT, on_signal)
 
     mode = progress_mode(ctx.progress) if is_main else "off"  # rank 0 alone speaks
     progress = RunProgress(mode, spec, expected_samples(spec, rcp_reference_samples if mode != "off" else None))
@@ -267,6 +269,7 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         _record_failure(store, spec, ctx, exc, rank)
         raise
     finally:
+        signal.signal(signal.SIGINT, previous_sigint)
         progress.close()
         log.close()
         if ctx.metrics is not None:
