@@ -216,3 +216,17 @@ def test_a_sweep_killed_outright_is_resumed_only_once_its_run_has_ended(tmp_path
         assert time.monotonic() < deadline, "the orphaned run did not end"
         time.sleep(0.05)
     assert claimed["status"] == "running" and not process_group_alive(pgid)
+
+
+def test_a_rank_killed_outright_is_told_in_one_line_naming_it_and_the_signal():
+    """torch-elastic logs its own monitor loop's traceback and names whichever failed rank it looked at
+    first; trainperf's torchrun names the rank the signal ended, in one line."""
+    from tests.fixtures.cli import REPO
+
+    # a slow monitor: by its first look both ranks have ended, the killed one first
+    cmd = [sys.executable, "-m", "trainperf.parallel.torchrun", "--standalone", "--nproc-per-node=2",
+           "--monitor-interval=2", "-m", "tests.fixtures.rank_killed"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "trainperf: torchrun: ranks failed (rank 1 killed by SIGKILL)"

@@ -11,14 +11,65 @@ torch.distributed.run ARGS``, except that
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import logging
+import signal
 import sys
 
 import torch
+import torch.multiprocessing as mp
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
+
+ELASTIC_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+class _NoTraceback(logging.Filter):
+    """Drop torch-elastic's record of a failed forked rank: a traceback of its own monitor loop, not of
+    the rank. The rank and how it ended are told in one line when torchrun returns (``main``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+def _blame_the_killed_rank(join):
+    """``ProcessContext.join`` of forked ranks reports the first failed rank it looks at: when a rank is
+    killed (kill -9, the OOM killer), the peers that then fail on their broken connections are as likely
+    to be named. A rank already ended by a signal before the join -- before torch's own clean-up signals
+    the rest -- is the one reported."""
+    @functools.wraps(join)
+    def wrapped(self, *args, **kwargs):
+        before = [p.exitcode for p in self.processes]  # polled, not joined
+        try:
+            return join(self, *args, **kwargs)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            killed = [i for i, code in enumerate(before) if code is not None and code < 0]
+            if not killed or exc.error_index in killed:
+                raise
+            i, code = killed[0], before[killed[0]]
+            name = _signal_name(-code)
+            raise mp.ProcessExitedException(f"process {i} terminated with signal {name}", error_index=i,
+                                            error_pid=self.processes[i].pid, exit_code=code,
+                                            signal_name=name) from None
+    return wrapped
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _rank_end(rank: int, exitcode: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"rank {rank} killed by {_signal_name(-exitcode)}"
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in signal.valid_signals():
+        return f"rank {rank} killed by {_signal_name(exitcode - 128)}"  # a shell's way of saying it
+    return f"rank {rank} exit {exitcode}"
 
 
 def forked_ranks_argv(argv: list[str]) -> list[str]:
@@ -43,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not torch.cuda.is_available():
         argv = forked_ranks_argv(argv)
+    logging.getLogger(ELASTIC_PROCESS_LOGGER).addFilter(_NoTraceback())
+    mp.ProcessContext.join = _blame_the_killed_rank(mp.ProcessContext.join)
     try:
         torchrun_main(argv)
     except SignalException as exc:  # torchrun has already stopped its ranks
         print(f"trainperf: torchrun stopped its ranks ({exc.sigval.name})", file=sys.stderr)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:  # torchrun logged each failed rank's exit above
-        ranks = ", ".join(f"rank {r} exit {f.exitcode}" for r, f in sorted(exc.failures.items()))
+        ranks = ", ".join(_rank_end(r, f.exitcode) for r, f in sorted(exc.failures.items()))
         print(f"trainperf: torchrun: ranks failed ({ranks})", file=sys.stderr)
         return 1
     return 0
