@@ -203,6 +203,39 @@ def require_existing_store(path: str | os.PathLike, used_by: str) -> None:
         raise StoreError(f"no results store at {str(path)!r} (nothing recorded there); give the --db {used_by} used")
 
 
+DISK_NEARLY_FULL_BYTES = 1 << 20  # below this, a failed write is put down to the full disk
+
+
+def disk_full_reason(exc: BaseException, where: str | os.PathLike) -> str | None:
+    """'the disk is full (...)' when ``exc`` is a write that failed for want of space -- ENOSPC, SQLite's
+    "database or disk is full", or an I/O error on a file system with (almost) no space left -- else None."""
+    import errno
+
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    said = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    said = said or getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    io_error = isinstance(exc, sqlite3.Error) and "disk I/O error" in str(exc)
+    if not (said or (io_error and free is not None and free < DISK_NEARLY_FULL_BYTES)):
+        return None
+    left = "" if free is None else f"{free:,} bytes free on the file system of {str(where)!r}"
+    return f"the disk is full ({left or 'No space left on device'})"
+
+
+def _remove_journals_made(journals: list[Path]) -> None:
+    """Remove the -wal/-shm files a refused open made. A -wal holding anything is kept: it would be
+    another process's uncommitted pages, never ours (this open wrote nothing)."""
+    for journal in journals:
+        try:
+            if journal.name.endswith("-wal") and journal.stat().st_size > 0:
+                continue
+            journal.unlink()
+        except OSError:  # not made after all, or not ours to remove
+            pass
+
+
 def _newer_schema(path: Path, version: int) -> StoreError:
     return StoreError(f"results store {str(path)!r} has schema v{version}, newer than this trainperf's "
                       f"(v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
@@ -253,6 +286,8 @@ class Store:
                                      "writable); copy it to a folder you can write and give that as --db")
                 self.writable = False
         existed = self.path.exists()
+        # the journal files this open makes (WAL: -wal and -shm): a refused open removes those it made
+        journals = [p for p in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")) if not p.exists()]
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
@@ -272,6 +307,12 @@ class Store:
             if not existed:  # a store that could not be made (a full disk) leaves no file behind
                 for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                     leftover.unlink(missing_ok=True)
+            else:
+                _remove_journals_made(journals)
+            full = disk_full_reason(exc, self.path.parent)
+            if full:  # a healthy file on a full disk: not damaged, nothing to restore
+                raise StoreError(f"results store {str(self.path)!r}: {full}; nothing was written to it; free space "
+                                 "there, or give a --db on another disk") from None
             if "readonly" in str(exc).replace("-", "").replace(" ", ""):
                 raise StoreError(f"results store {str(self.path)!r} is read-only here ({exc}); copy it to a folder "
                                  "you can write and give that as --db") from None
