@@ -156,3 +156,15 @@ def test_the_cli_refuses_hostile_sweep_files_in_one_line_and_creates_nothing(tmp
     assert "Traceback" not in proc.stderr and not db.exists() and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
     json.dumps(proc.stderr)  # printable
+
+
+@pytest.mark.parametrize("value", ["partition=[a", "nodes={", "partition=&a [*a]"])
+def test_a_slurm_value_that_is_not_yaml_is_one_line(value):
+    import argparse
+
+    from trainperf.cli.sweep import _single_run
+
+    args = argparse.Namespace(slurm_options=[value], nproc_per_node=None, name=None, workload="mini-pretrain")
+    with pytest.raises(SpecError, match=r"--slurm '.*' (could not be parsed|.*recursive anchor)") as err:
+        _single_run(args)
+    assert "\n" not in str(err.value)
