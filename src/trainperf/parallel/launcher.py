@@ -22,6 +22,7 @@ import sys
 from trainperf.core.processes import process_group_alive
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+RANKS_END_ENV = "TRAINPERF_RANKS_END"  # where parallel.torchrun writes its failed ranks' exit codes
 STOP_GRACE_S = 60.0  # how long a child told to stop may take to record its end before it is killed
 
 
@@ -158,3 +159,32 @@ def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, st
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def rank_end(rank: int, exitcode: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"rank {rank} killed by {signal_name(-exitcode)}"
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in signal.valid_signals():
+        return f"rank {rank} killed by {signal_name(exitcode - 128)}"  # a shell's way of saying it
+    return f"rank {rank} exit {exitcode}"
+
+
+def killed_ranks(path: str | os.PathLike) -> list[str]:
+    """'rank R killed by SIG' of each rank a signal ended, from the file parallel.torchrun wrote at
+    ``RANKS_END_ENV`` (nothing when there is none)."""
+    import json
+
+    try:
+        with open(path) as fh:
+            codes = json.load(fh)["exitcodes"]
+        ends = [rank_end(int(r), int(c)) for r, c in sorted(codes.items(), key=lambda rc: int(rc[0])) if c is not None]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [e for e in ends if " killed by " in e]

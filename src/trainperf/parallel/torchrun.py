@@ -24,6 +24,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
+from trainperf.parallel.launcher import RANKS_END_ENV, rank_end, signal_name
+
 ELASTIC_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 
 
@@ -50,26 +52,11 @@ def _blame_the_killed_rank(join):
             if not killed or exc.error_index in killed:
                 raise
             i, code = killed[0], before[killed[0]]
-            name = _signal_name(-code)
+            name = signal_name(-code)
             raise mp.ProcessExitedException(f"process {i} terminated with signal {name}", error_index=i,
                                             error_pid=self.processes[i].pid, exit_code=code,
                                             signal_name=name) from None
     return wrapped
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _rank_end(rank: int, exitcode: int) -> str:
-    if exitcode is not None and exitcode < 0:
-        return f"rank {rank} killed by {_signal_name(-exitcode)}"
-    if exitcode is not None and exitcode > 128 and exitcode - 128 in signal.valid_signals():
-        return f"rank {rank} killed by {_signal_name(exitcode - 128)}"  # a shell's way of saying it
-    return f"rank {rank} exit {exitcode}"
 
 
 def forked_ranks_argv(argv: list[str]) -> list[str]:
@@ -90,6 +77,22 @@ def forked_ranks_argv(argv: list[str]) -> list[str]:
     return [*argv[:i], "--run-path", "--start-method", "fork", spec.origin, *argv[i + 2:]]
 
 
+def _write_ranks_end(exitcodes: dict[int, int]) -> None:
+    """{rank: exit code} of the failed ranks to the file ``TRAINPERF_RANKS_END`` names, if any."""
+    import json
+    import os
+
+    path = os.environ.get(RANKS_END_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as fh:
+            json.dump({"exitcodes": {str(r): code for r, code in exitcodes.items()},
+                       "ends": [rank_end(r, code) for r, code in sorted(exitcodes.items())]}, fh)
+    except OSError:  # a full disk: the line printed above is what is left of it
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not torch.cuda.is_available():
@@ -102,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainperf: torchrun stopped its ranks ({exc.sigval.name})", file=sys.stderr)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:  # torchrun logged each failed rank's exit above
-        ranks = ", ".join(_rank_end(r, f.exitcode) for r, f in sorted(exc.failures.items()))
+        ranks = ", ".join(rank_end(r, f.exitcode) for r, f in sorted(exc.failures.items()))
         print(f"trainperf: torchrun: ranks failed ({ranks})", file=sys.stderr)
+        _write_ranks_end({r: f.exitcode for r, f in exc.failures.items()})
         return 1
     return 0
 

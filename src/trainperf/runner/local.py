@@ -30,7 +30,7 @@ from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, record_collectives
-from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
+from trainperf.parallel.launcher import RANKS_END_ENV, Interrupted, killed_ranks, run_torchrun, torchrun_command
 from trainperf.plan.costs import check_memory, estimate
 from trainperf.plan.hardware import preset_for_device
 from trainperf.runner.checks import cuda_available, validate_run
@@ -267,6 +267,7 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+            env[RANKS_END_ENV] = str(run_dir / "ranks_end.json")  # which rank ended how, if any fails
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
             returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid),
                                       pass_sigint=True)  # the ranks record which signal stopped the run
@@ -356,6 +357,12 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
     dumps = sorted((run_dir / "flight_recorder").glob("rank_*"))
     progress = run_dir / "progress.json"
     last = json.loads(progress.read_text())["step"] if progress.is_file() else 0
+    killed = killed_ranks(run_dir / "ranks_end.json")
+    if killed:  # the cause, before what its peers recorded when their connections to it broke
+        cause = f"{', '.join(killed)} (kill -9, or the out-of-memory killer) after step {last}"
+        if not store.mark_failed_if_running(run_id, cause):
+            store.prefix_failed_reason(run_id, cause)
+        return
     if dumps:
         store.mark_hung_if_running(run_id, f"a collective timed out after step {last}; {reason}; flight recorder "
                                            f"dumps: {', '.join(d.name for d in dumps)} in {dumps[0].parent}")

@@ -490,6 +490,14 @@ class Store:
                 (reason, time.time(), run_id))
             return cur.rowcount == 1
 
+    def prefix_failed_reason(self, run_id: str, cause: str) -> bool:
+        """Put ``cause`` (found after the row was ended: a rank killed outright) before the reason a
+        failed row holds (what its peers saw). False if the row is not failed."""
+        with self.transaction() as c:
+            cur = c.execute("UPDATE runs SET status_reason = ? || COALESCE('; then ' || status_reason, '') "
+                            "WHERE run_id = ? AND status = 'failed'", (cause, run_id))
+            return cur.rowcount == 1
+
     def end_stopped_run(self, pid: int, since: float, reason: str) -> str | None:
         """The run process ``pid`` of this host started at or after ``since``, which its caller stopped
         (a tune trial past its time): its row says ``reason`` first, then what the run recorded as it
