@@ -15,7 +15,6 @@ import functools
 import importlib
 import importlib.util
 import logging
-import signal
 import sys
 
 import torch
