@@ -139,7 +139,7 @@ _STOP_RUN_THEN_DIE = """
 import os, signal, sqlite3, sys, time
 from trainperf.parallel import launcher
 from trainperf.runner import sweep
-def stop_then_die(cmd, env=None, stdout=None, stderr=None, on_start=None):
+def stop_then_die(cmd, env=None, stdout=None, stderr=None, on_start=None, **passing):
     proc = launcher.start_owned(cmd, env, stdout, stderr)
     on_start(proc.pid)
     db = cmd[cmd.index("--db") + 1]

@@ -53,7 +53,7 @@ def test_hostile_sweep_files_are_one_line_errors(tmp_path, case):
     t0 = time.perf_counter()
     with pytest.raises(SpecError, match=words) as err:
         load_sweep(str(path))
-    assert "\n" not in str(err.value) and time.perf_counter() - t0 < 5  # refused, not expanded
+    assert "\n" not in str(err.value) and time.perf_counter() - t0 < 30  # refused, not expanded (1e9 values would take minutes)
 
 
 def test_the_item_cap_is_checked_before_items_are_built():
