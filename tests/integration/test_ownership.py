@@ -127,6 +127,35 @@ def test_a_timed_out_trial_has_its_process_group_ended(monkeypatch):
     _wait_for(lambda: not process_group_alive(pgid), 5, "the trial's group to end")
 
 
+_TRIAL_THAT_HIDES_ITS_TIMEOUT = """
+import signal, sys, time
+from trainperf.store.db import Store
+store = Store(sys.argv[1])
+store.create_run("trial-1", "mini-lora", {}, "dp_shard=1", 1, "open", False, 3.3, "/tmp/x", purpose="trial")
+def stopped(signum, frame):  # as a rank stopped inside a collective records it: an empty RuntimeError
+    store.mark_failed_if_running("trial-1", "RuntimeError: ")
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stopped)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_timed_out_trials_row_says_it_timed_out(monkeypatch, tmp_path):
+    from trainperf.runner import tune  # the trial runner
+    from trainperf.store.db import Store
+
+    db = tmp_path / "t.db"
+    Store(db).close()
+    monkeypatch.setattr(tune, "trial_command", lambda *a: [sys.executable, "-c", _TRIAL_THAT_HIDES_ITS_TIMEOUT, str(db)])
+    cand = types.SimpleNamespace(id="P1", set_line="")
+    trial = tune.run_trial("mini-lora", 1, cand, 2, str(db), str(tmp_path / "runs"), [], timeout_s=3)
+    assert trial.run_id == "trial-1"
+    row = Store(db).get_run("trial-1")
+    assert row["status"] == "failed" and row["status_reason"].startswith("timed out after 3 s"), row["status_reason"]
+    assert "RuntimeError" in row["status_reason"]  # what the run itself recorded is kept after it
+
+
 @pytest.mark.slow
 def test_sigterm_to_tune_ends_the_running_trial_and_says_so(tmp_path):
     tune = subprocess.Popen(trainperf_cmd("tune", "mini-pretrain", "--gpus", "1", "--db", str(tmp_path / "t.db"),
@@ -187,3 +216,37 @@ def test_a_sweep_killed_outright_is_resumed_only_once_its_run_has_ended(tmp_path
         assert time.monotonic() < deadline, "the orphaned run did not end"
         time.sleep(0.05)
     assert claimed["status"] == "running" and not process_group_alive(pgid)
+
+
+def test_a_rank_killed_outright_is_told_in_one_line_naming_it_and_the_signal(tmp_path):
+    """torch-elastic logs its own monitor loop's traceback and names whichever failed rank it looked at
+    first; trainperf's torchrun names the rank the signal ended, in one line, and tells the launcher."""
+    from tests.fixtures.cli import REPO
+    from trainperf.parallel.launcher import RANKS_END_ENV, killed_ranks
+
+    # a slow monitor: by its first look both ranks have ended, the killed one first
+    cmd = [sys.executable, "-m", "trainperf.parallel.torchrun", "--standalone", "--nproc-per-node=2",
+           "--monitor-interval=2", "-m", "tests.fixtures.rank_killed"]
+    ends = tmp_path / "ranks_end.json"
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, RANKS_END_ENV: str(ends)})
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "trainperf: torchrun: ranks failed (rank 1 killed by SIGKILL)"
+    assert killed_ranks(ends) == ["rank 1 killed by SIGKILL"]
+
+
+def test_the_run_of_a_killed_rank_says_so_before_what_its_peers_recorded(tmp_path):
+    import json
+
+    from trainperf.runner.local import record_abnormal_end
+    from trainperf.store.db import Store
+
+    store = Store(tmp_path / "t.db")
+    store.create_run("r1", "mini-lora", {}, "dp_shard=2", 2, "open", False, 3.3, str(tmp_path))
+    store.mark_failed_if_running("r1", "RuntimeError: Connection reset by peer")  # rank 0, when rank 1 vanished
+    (tmp_path / "ranks_end.json").write_text(json.dumps({"exitcodes": {"1": -9}}))
+    (tmp_path / "progress.json").write_text(json.dumps({"step": 4}))
+    record_abnormal_end(store, "r1", tmp_path, "torchrun exited with code 1")
+    assert store.get_run("r1")["status_reason"] == ("rank 1 killed by SIGKILL (kill -9, or the out-of-memory killer) "
+                                                    "after step 4; then RuntimeError: Connection reset by peer")

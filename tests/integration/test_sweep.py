@@ -6,6 +6,8 @@ import json
 import sqlite3
 import subprocess
 
+import pytest
+
 from tests.fixtures.cli import trainperf_cmd
 from trainperf.store.db import Store
 
@@ -85,7 +87,9 @@ def test_two_sweeps_of_one_name_run_each_item_once_and_only_their_own(tmp_path):
     assert seeds == {1, 2, 3}
 
 
-def test_sigterm_to_a_sweep_stops_its_run_and_leaves_the_item_to_resume(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_to_a_sweep_stops_its_run_and_leaves_the_item_to_resume(tmp_path, sig):
+    """SIGTERM or SIGINT (Ctrl-C): the run is told the same signal and records it as the one that stopped it."""
     import signal
     import time
 
@@ -104,11 +108,124 @@ runs:
     while time.time() < deadline and not (db.exists() and Store(db).list_runs()):
         time.sleep(0.5)
     time.sleep(2)  # the run is training
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "sweep stopped (received SIGTERM)" in err, err[-1500:]
+    assert proc.returncode == 1 and f"sweep stopped (received {sig})" in err, err[-1500:]
     store = Store(db)
     (item,) = store.sweep_items("stopme")
     (run,) = store.list_runs()
     assert run["status"] == "failed"  # the signal reached the run, which recorded its end
+    assert run["status_reason"] == f"RunInterrupted: received signal {sig}"
     assert item["status"] == "pending" and item["run_id"] == run["run_id"] and "resumed" in item["reason"]
+
+
+# A sweep that dies (SIGKILL: no handler runs) right after its item's run has stored its success,
+# before the sweep itself records the item: the run's row already linked the item and ended it.
+_DIE_AFTER_RUN = """
+import os, signal, sys
+from trainperf.runner import sweep
+real = sweep.run_passing_signals
+def run_then_die(*args, **kwargs):
+    real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+sweep.run_passing_signals = run_then_die
+from trainperf.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+# The same, except that the item's launcher is stopped (SIGSTOP) once its run has stored its success:
+# the launcher outlives the sweep, its SIGTERM pending.
+_STOP_RUN_THEN_DIE = """
+import os, signal, sqlite3, sys, time
+from trainperf.parallel import launcher
+from trainperf.runner import sweep
+def stop_then_die(cmd, env=None, stdout=None, stderr=None, on_start=None, **passing):
+    proc = launcher.start_owned(cmd, env, stdout, stderr)
+    on_start(proc.pid)
+    db = cmd[cmd.index("--db") + 1]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            with sqlite3.connect(db) as c:
+                if c.execute("SELECT 1 FROM runs WHERE status = 'success'").fetchone():
+                    break
+        except sqlite3.OperationalError:
+            pass
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGSTOP)
+    with open(os.environ["STOPPED_PID_FILE"], "w") as fh:
+        fh.write(str(proc.pid))
+    os.kill(os.getpid(), signal.SIGKILL)
+sweep.run_passing_signals = stop_then_die
+from trainperf.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+ONE_SEED = """name: once
+runs:
+  - workload: mini-pretrain
+    seeds: [7]
+    set:
+      hardware.device: cpu
+      eval.target: 100
+      eval.every_samples: 1
+      train.max_steps: 4
+      data.train_samples: 64
+      data.eval_samples: 8
+"""
+
+
+def _successes(db) -> list[dict]:
+    store = Store(db)
+    try:
+        return [r for r in store.list_runs() if r["status"] == "success"]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_after_its_run_stored_success_does_not_run_it_again(tmp_path):
+    import sys
+
+    from tests.fixtures.cli import run_cli
+
+    (tmp_path / "s.yaml").write_text(ONE_SEED)
+    db, args = tmp_path / "t.db", ["--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")]
+    killed = subprocess.run([sys.executable, "-c", _DIE_AFTER_RUN, "sweep", "s.yaml", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    (run,) = _successes(db)
+    (item,) = Store(db).sweep_items("once")
+    assert item["status"] == "success" and item["run_id"] == run["run_id"]  # linked by the run's own writes
+    with sqlite3.connect(db) as c:  # even an item left running (the sweep's last write lost) holds its run
+        c.execute("UPDATE sweep_items SET status = 'running', finished_at = NULL")
+    resumed = run_cli("sweep", "s.yaml", *args, "--json", cwd=tmp_path)
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["once"]["success"] == 1, resumed.stderr[-2000:]
+    assert [r["run_id"] for r in _successes(db)] == [run["run_id"]]  # one run of seed 7, not two
+
+
+@pytest.mark.slow
+def test_a_stopped_launcher_outliving_its_killed_sweep_is_never_run_twice(tmp_path):
+    import os
+    import signal
+    import sys
+
+    from tests.fixtures.cli import run_cli
+
+    (tmp_path / "s.yaml").write_text(ONE_SEED)
+    db, args = tmp_path / "t.db", ["--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs")]
+    pid_file = tmp_path / "stopped.pid"
+    killed = subprocess.run([sys.executable, "-c", _STOP_RUN_THEN_DIE, "sweep", "s.yaml", *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "STOPPED_PID_FILE": str(pid_file)})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    first = run_cli("sweep", "s.yaml", *args, "--json", cwd=tmp_path)  # the launcher may still be there
+    assert first.returncode == 0 and json.loads(first.stdout)["once"]["success"] == 1, first.stderr[-2000:]
+    try:  # a stopped group orphaned by the sweep's death is sent SIGHUP and SIGCONT by the kernel: it may be gone
+        os.kill(int(pid_file.read_text()), signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    second = run_cli("sweep", "s.yaml", *args, "--json", cwd=tmp_path)
+    assert second.returncode == 0 and json.loads(second.stdout)["once"]["success"] == 1, second.stderr[-2000:]
+    (run,) = _successes(db)
+    assert Store(db).sweep_items("once")[0]["run_id"] == run["run_id"]

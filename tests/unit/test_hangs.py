@@ -36,6 +36,21 @@ def test_metrics_server_exposes_the_latest_step():
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)  # closed with the run
 
 
+def test_a_metric_without_a_value_exports_no_sample():
+    """Before the first eval there is no eval loss (0.0 would read as a reached target), and on CPU no MFU."""
+    port = _free_port()
+    server = MetricsServer(port, "127.0.0.1", "r1", "mini")
+    try:
+        server.update(3, 0.5, 1234.0, None, 0.25, samples=24)  # a CPU step: no peak FLOP/s, no MFU
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        server.close()
+    samples = {line.split("{")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert "trainperf_step" in samples and "trainperf_peak_memory_bytes" in samples
+    assert not samples & {"trainperf_mfu_ratio", "trainperf_eval_loss", "trainperf_eval_target_loss",
+                          "trainperf_eval_samples"}, sorted(samples)
+
+
 def test_a_metrics_address_that_cannot_be_served_is_refused_before_launch():
     """Checked in prepare: the server binds it only after the model is built."""
     import socket

@@ -214,3 +214,94 @@ def test_v1_store_migrates_to_current_schema_keeping_runs(tmp_path, monkeypatch)
     new.save_plan([{"plan_id": "x:P1", "workload": "mini-lora", "gpus": 2, "gpus_per_node": 2, "gpu": "H200",
                     "overrides": {"parallel.tp": 2}, "predicted": {"step_time_s": 1.0}}])
     assert new.get_plan("x:P1")["overrides"] == {"parallel.tp": 2}
+
+
+def _item_run(s: Store, run_id: str, owner_pid: int) -> None:
+    s.create_run(run_id, "mini-pretrain", SPEC, "dp_shard=1", 1, "open", False, 3.3, "/tmp/x",
+                 sweep_item={"sweep_id": "sw", "item_id": "i1", "owner_pid": owner_pid})
+
+
+def test_a_sweep_items_run_is_linked_and_ends_it_in_the_runs_own_writes(db):
+    """The run a sweep starts links its item when its row is made and ends it when it succeeds, in the
+    same transactions: a sweep killed in between cannot leave the item to be run a second time."""
+    s = Store(db)
+    s.add_sweep_items("sw", [{"item_id": "i1", "workload": "mini-pretrain", "nproc": 1, "overrides": {}}])
+    assert s.claim_sweep_item("sw", "i1") is not None
+    _item_run(s, "other", owner_pid=os.getpid() + 1)  # not the sweep that holds the item: not linked
+    assert s.sweep_items("sw")[0]["run_id"] is None
+    _item_run(s, "r1", owner_pid=os.getpid())
+    assert s.sweep_items("sw")[0]["run_id"] == "r1"
+    s.finish_run("r1", status="success", time_to_train_s=1.0)
+    item = s.sweep_items("sw")[0]
+    assert item["status"] == "success" and item["finished_at"] is not None
+    s.set_sweep_item("sw", "i1", "pending", "r1", "the sweep was stopped")  # a late stop does not undo it
+    assert s.sweep_items("sw")[0]["status"] == "success"
+    with s.transaction() as c:  # an item left running by a store that lost the sweep's last write
+        c.execute("UPDATE sweep_items SET status = 'running', owner_pid = NULL")
+    assert s.claim_sweep_item("sw", "i1") is None and s.sweep_items("sw")[0]["status"] == "success"
+
+
+def test_a_failed_or_interrupted_run_leaves_its_item_to_the_sweep(db):
+    s = Store(db)
+    s.add_sweep_items("sw", [{"item_id": "i1", "workload": "mini-pretrain", "nproc": 1, "overrides": {}}])
+    s.claim_sweep_item("sw", "i1")
+    _item_run(s, "r1", owner_pid=os.getpid())
+    s.finish_run("r1", status="failed", status_reason="RunInterrupted: received signal SIGTERM")
+    s.set_sweep_item("sw", "i1", "pending", "r1", "the sweep was stopped")
+    assert s.sweep_items("sw")[0]["status"] == "pending"
+    assert s.claim_sweep_item("sw", "i1")["status"] == "running"  # the resume runs it again
+
+
+def test_a_healthy_store_on_a_full_disk_is_said_to_be_on_a_full_disk(tmp_path, monkeypatch):
+    """Not "not a usable SQLite database ... restore it from a copy": the file is fine, the disk is full;
+    and the -wal/-shm files the refused open made are removed."""
+    import shutil
+
+    import trainperf.store.db as db
+
+    path = tmp_path / "t.db"
+    Store(path).close()
+    before = path.read_bytes()
+
+    def fails_as_a_full_disk(self):
+        Path(f"{self.path}-shm").write_bytes(b"\0" * 3)  # what SQLite had made when the write failed
+        Path(f"{self.path}-wal").touch()
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(db.Store, "_switch_to_wal", fails_as_a_full_disk)
+    monkeypatch.setattr(db.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 1 << 30, 0))
+    with pytest.raises(StoreError, match=r"the disk is full \(0 bytes free on the file system of") as err:
+        Store(path)
+    assert "restore" not in str(err.value) and "\n" not in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.db"] and path.read_bytes() == before
+
+
+def test_a_run_refused_by_its_store_leaves_no_run_folder(tmp_path, monkeypatch):
+    from trainperf.runner import local
+    from trainperf.workloads import get_workload
+
+    def full(*args, **kwargs):
+        raise StoreError("results store 't.db': the disk is full (0 bytes free)")
+
+    monkeypatch.setattr(local, "Store", full)
+    spec = get_workload("mini-pretrain").defaults()
+    with pytest.raises(StoreError, match="disk is full"):
+        local.launch(spec, str(tmp_path / "out" / "runs"), str(tmp_path / "t.db"), 1, False)
+    assert list(tmp_path.iterdir()) == []  # neither runs/<id>/ nor the folders made for it
+
+
+def test_a_run_whose_store_cannot_be_written_still_has_a_summary(tmp_path, monkeypatch):
+    from trainperf.runner import local
+    from trainperf.workloads import get_workload
+
+    class FullStore:
+        path = tmp_path / "t.db"
+
+        def mark_failed_if_running(self, run_id, reason):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    ended = local._mark_failed(FullStore(), "r1", "the disk is full: OSError: [Errno 28] No space left on device")
+    assert ended.startswith("the disk is full") and "not recorded in the store: the disk is full" in ended
+    monkeypatch.setattr(local, "Store", lambda *a, **k: (_ for _ in ()).throw(StoreError("the disk is full")))
+    summary = local.abnormal_end_summary(get_workload("mini-pretrain").defaults(), "r1", tmp_path, "t.db", ended)
+    assert summary["status"] == "failed" and summary["status_reason"] == ended

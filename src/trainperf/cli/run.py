@@ -31,7 +31,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trial", action="store_true",
                    help="store the run as a tune trial: kept out of `report` and `score` unless asked for")
     p.add_argument("--metrics-host", metavar="ADDR", help="address for --metrics-port (default 127.0.0.1: this host only)")
+    # set by `trainperf sweep`: the item this run is for, linked to the run's row when the row is made
+    p.add_argument("--sweep-item", help=argparse.SUPPRESS)
     add_common(p)
+
+
+def _sweep_item(text: str | None) -> dict | None:
+    """The {sweep_id, item_id, owner_pid} a sweep passes with --sweep-item, or None."""
+    if text is None:
+        return None
+    try:
+        item = json.loads(text)
+    except json.JSONDecodeError:
+        item = None
+    if (not isinstance(item, dict) or not isinstance(item.get("sweep_id"), str)
+            or not isinstance(item.get("item_id"), str) or not isinstance(item.get("owner_pid"), int)):
+        raise SpecError("--sweep-item: expected the JSON object {sweep_id, item_id, owner_pid} a sweep passes")
+    return item
 
 
 def _interactive() -> bool:
@@ -113,6 +129,7 @@ def run(args, workload: str | None = None) -> int:
             args.nproc_per_node = 1
         if args.nproc_per_node < 1:
             raise SpecError(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+        sweep_item = _sweep_item(getattr(args, "sweep_item", None))
         check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
         check_out_folder(args.out)
         ext = local.external_launcher()
@@ -128,7 +145,7 @@ def run(args, workload: str | None = None) -> int:
             return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
     else:
         summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress,
-                               purpose="trial" if args.trial else "run")
+                               purpose="trial" if args.trial else "run", sweep_item=sweep_item)
     summary["wall_s"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: summary.get(k) for k in RUN_JSON_KEYS} | {"evals": summary.get("evals", []),

@@ -113,16 +113,17 @@ def _dry_run(args, name: str, items: list[dict]) -> int:
 
 def _single_run(args) -> dict:
     """The sweep of one run the command line describes (no file): Slurm when any --slurm is given."""
-    # the YAML reader parses each --slurm value as a sweep file would (numbers, booleans, strings)
-    import yaml
+    # each --slurm value is parsed as a sweep file's value would be (numbers, booleans, strings)
+    from trainperf.core.untrusted import parse_untrusted_yaml, printable
 
     slurm = {}
     for kv in args.slurm_options:
         key, eq, value = kv.partition("=")
         if not eq or not key:
-            raise SpecError(f"--slurm {kv!r}: expected KEY=VALUE, e.g. partition=h200 or nodes=2")
+            raise SpecError(f"--slurm {printable(kv)!r}: expected KEY=VALUE, e.g. partition=h200 or nodes=2")
         key = key.strip()
-        slurm[key] = value if key == "time" else yaml.safe_load(value)  # 01:00:00 is a Slurm time, not YAML's 3600
+        # 01:00:00 is a Slurm time, not YAML's 3600
+        slurm[key] = value if key == "time" else parse_untrusted_yaml(value, where=f"--slurm {printable(kv)!r}")
     nproc = args.nproc_per_node or slurm.get("gpus_per_node") or 1
     data = {"name": args.name or f"{args.workload}-x{nproc}",
             "runs": [{"workload": args.workload, "nproc_per_node": nproc}]}

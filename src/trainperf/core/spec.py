@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import types
@@ -293,7 +294,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _section_types(section_obj: Any) -> dict[str, Any]:
-    return typing.get_type_hints(type(section_obj))
+    return _class_types(type(section_obj))
+
+
+@functools.cache  # the hints of a section class never change; evaluating them is most of a spec's resolve time
+def _class_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def set_value(spec: RunSpec, dotted: str, value: Any) -> None:

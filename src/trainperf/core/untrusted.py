@@ -153,6 +153,89 @@ def load_untrusted_json(path: str | os.PathLike, *, max_bytes: int = 16 * 1024 *
     return parse_untrusted_json(text, where=f"{what} {path}", max_depth=max_depth)
 
 
+MAX_YAML_NODES = 100_000  # values a YAML document may hold once its aliases are expanded
+
+
+def _yaml_expanded_size(root, where: str, max_nodes: int, max_depth: int) -> int:
+    """How many values the node graph ``root`` holds with every alias expanded, and how deep it nests,
+    computed on the graph (each anchored node once), never by expanding it. SpecError on a cycle (a
+    recursive anchor), on more than ``max_nodes`` values or nesting beyond ``max_depth``."""
+    import yaml  # the YAML reader loads only for a YAML file
+
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack = [(root, False)]
+    while stack:  # iterative post-order: a 100k-deep document must not exhaust Python's stack
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            kids = _yaml_children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            if depth[key] > max_depth:
+                raise SpecError(f"{printable(where)}: values nested more than {max_depth} deep")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            mark = node.start_mark
+            raise SpecError(f"{printable(where)}: line {mark.line + 1}, column {mark.column + 1}: a recursive anchor "
+                            "(an alias inside the value it names); give each value without referring to itself")
+        on_path.add(key)
+        stack.append((node, True))
+        if not isinstance(node, yaml.ScalarNode):
+            stack.extend((k, False) for k in _yaml_children(node) if id(k) not in size)
+        if len(on_path) > max_depth:
+            raise SpecError(f"{printable(where)}: values nested more than {max_depth} deep")
+    total = size[id(root)]
+    if total > max_nodes:  # counted on the graph: nothing was expanded to find it
+        raise SpecError(f"{printable(where)}: its aliases expand to {total:,} values, more than the {max_nodes:,} "
+                        "allowed; write the values out, or use fewer aliases")
+    return total
+
+
+def _yaml_children(node) -> list:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def parse_untrusted_yaml(text: str, *, where: str, max_nodes: int = MAX_YAML_NODES,
+                         max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``yaml.safe_load`` of text from an untrusted source, its node graph checked before a Python object
+    is built: a recursive anchor, an alias expansion ("billion laughs") beyond ``max_nodes`` values and
+    nesting beyond ``max_depth`` are refused, each as one SpecError line naming the place or the count."""
+    import yaml
+
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # pure Python: deep recursion ends in RecursionError, not a crash
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _yaml_expanded_size(node, where, max_nodes, max_depth)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise SpecError(f"{printable(where)}: values nested more than {max_depth} deep") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (a control character, say)
+        raise SpecError(f"{printable(where)} could not be parsed: character {exc.character!r} at position "
+                        f"{exc.position} is not allowed in YAML; give printable text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        what = getattr(exc, "problem", None) or type(exc).__name__
+        place = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise SpecError(f"{printable(where)} could not be parsed: {place}{printable(what, 120)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
 def finite_number(value: object, name: str, *, lo: float | None = None, hi: float | None = None,
                   lo_open: bool = False) -> float:
     """``value`` as a finite float within [lo, hi] (``(lo, hi]`` with ``lo_open``), else a SpecError."""

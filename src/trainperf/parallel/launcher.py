@@ -22,15 +22,20 @@ import sys
 from trainperf.core.processes import process_group_alive
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+RANKS_END_ENV = "TRAINPERF_RANKS_END"  # where parallel.torchrun writes its failed ranks' exit codes
 STOP_GRACE_S = 60.0  # how long a child told to stop may take to record its end before it is killed
 
 
 class Interrupted(RuntimeError):
-    """SIGTERM or SIGINT reached the launcher; the child was told and has exited."""
+    """SIGTERM or SIGINT reached the launcher; the child was told and has exited. ``signum``: which."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM):
+        super().__init__(message)
+        self.signum = signum
 
 
 def _raise_interrupted(signum, frame):
-    raise Interrupted(f"received {signal.Signals(signum).name}")
+    raise Interrupted(f"received {signal.Signals(signum).name}", signum)
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
@@ -101,13 +106,14 @@ def _exited(proc: subprocess.Popen, block: bool) -> bool:
         return True
 
 
-def stop_owned(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """Tell an owned child to stop (SIGTERM: it records its own end), wait ``grace_s``, then kill its
-    whole group; whatever of the group is still there afterwards is ended too."""
+def stop_owned(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S, sig: int = signal.SIGTERM) -> None:
+    """Tell an owned child to stop (``sig``, SIGTERM unless a SIGINT is passed on: it records its own
+    end), wait ``grace_s``, then kill its whole group; whatever of the group is still there afterwards
+    is ended too."""
     import time  # only when a child has to be stopped
 
     if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         deadline = time.monotonic() + grace_s
         while not _exited(proc, block=False) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -122,16 +128,20 @@ def torchrun_command(nproc_per_node: int, module: str, *args: str) -> list[str]:
             "-m", module, *args]
 
 
-def run_torchrun(cmd: list[str], env: dict, stdout=None, on_start=None) -> int:
+def run_torchrun(cmd: list[str], env: dict, stdout=None, on_start=None, pass_sigint: bool = False) -> int:
     """Run torchrun (its output to ``stdout`` if given); on SIGTERM/SIGINT pass the signal on (torchrun
     forwards it to every rank, whose handler records the failure), wait for the ranks, then re-raise.
-    ``on_start(pgid)``: called with torchrun's process group once it exists."""
-    return run_passing_signals(cmd, env, stdout, subprocess.STDOUT if stdout else None, on_start=on_start)
+    ``on_start(pgid)``: called with torchrun's process group once it exists. ``pass_sigint``: see
+    ``run_passing_signals``."""
+    return run_passing_signals(cmd, env, stdout, subprocess.STDOUT if stdout else None, on_start=on_start,
+                               pass_sigint=pass_sigint)
 
 
-def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, stderr=None, on_start=None) -> int:
+def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, stderr=None, on_start=None,
+                        pass_sigint: bool = False) -> int:
     """Run ``cmd`` to its end as an owned child (``start_owned``); a SIGTERM/SIGINT to us goes on to it
-    as SIGTERM (so it records its own end), and once it has exited (``STOP_GRACE_S`` at most, then its
+    as SIGTERM (so it records its own end; a SIGINT as SIGINT with ``pass_sigint``, for a child that
+    records which signal stopped it: a run), and once it has exited (``STOP_GRACE_S`` at most, then its
     group is killed) is raised here as Interrupted. Nothing of its group outlives the call.
     ``on_start(pid)``: called once the child exists (its pid is its process group's id)."""
     proc = start_owned(cmd, env, stdout, stderr)
@@ -142,9 +152,39 @@ def run_passing_signals(cmd: list[str], env: dict | None = None, stdout=None, st
         _exited(proc, block=True)
         end_process_group(proc.pid, grace_s=1.0)  # anything it left in its group
         return proc.wait()
-    except BaseException:
-        stop_owned(proc)
+    except BaseException as exc:
+        passed_on = getattr(exc, "signum", signal.SIGTERM) if pass_sigint else signal.SIGTERM
+        stop_owned(proc, sig=passed_on)
         raise
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def rank_end(rank: int, exitcode: int) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"rank {rank} killed by {signal_name(-exitcode)}"
+    if exitcode is not None and exitcode > 128 and exitcode - 128 in signal.valid_signals():
+        return f"rank {rank} killed by {signal_name(exitcode - 128)}"  # a shell's way of saying it
+    return f"rank {rank} exit {exitcode}"
+
+
+def killed_ranks(path: str | os.PathLike) -> list[str]:
+    """'rank R killed by SIG' of each rank a signal ended, from the file parallel.torchrun wrote at
+    ``RANKS_END_ENV`` (nothing when there is none)."""
+    import json
+
+    try:
+        with open(path) as fh:
+            codes = json.load(fh)["exitcodes"]
+        ends = [rank_end(int(r), int(c)) for r, c in sorted(codes.items(), key=lambda rc: int(rc[0])) if c is not None]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [e for e in ends if " killed by " in e]

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,11 +30,11 @@ from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, record_collectives
-from trainperf.parallel.launcher import Interrupted, run_torchrun, torchrun_command
+from trainperf.parallel.launcher import RANKS_END_ENV, Interrupted, killed_ranks, run_torchrun, torchrun_command
 from trainperf.plan.costs import check_memory, estimate
 from trainperf.plan.hardware import preset_for_device
 from trainperf.runner.checks import cuda_available, validate_run
-from trainperf.store.db import Store
+from trainperf.store.db import Store, StoreError, disk_full_reason
 from trainperf.trace.capture import profiler_for
 from trainperf.train.live_metrics import MetricsServer
 from trainperf.train.loop import RunContext, RunHooks, RunInterrupted, apply_cuda_alloc_conf, pick_device, train
@@ -232,19 +233,26 @@ def git_sha() -> str | None:
 
 
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str,
-           purpose: str = "run") -> dict:
-    """Run the job to completion and return its summary (status success or failed)."""
+           purpose: str = "run", sweep_item: dict | None = None) -> dict:
+    """Run the job to completion and return its summary (status success or failed). ``sweep_item``: the
+    sweep item the run is for, linked to the run's row as it is made (``Store.create_run``)."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
     run_dir = Path(out_root) / run_id
+    made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # what a refused start removes again
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(db_path)
-    store.reap_dead_runs()
-    store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
-                     spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
-                     git_sha=git_sha(), purpose=purpose)
-    (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     try:
+        store = Store(db_path)
+        store.reap_dead_runs()
+        store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
+                         spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
+                         git_sha=git_sha(), purpose=purpose, sweep_item=sweep_item)
+    except BaseException:  # no row was made (a full disk, a store gone bad): no run folder either
+        _remove_empty(made)
+        raise
+    ended = None  # why the run failed, when the store could not be told
+    try:
+        (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree
             try:
                 train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
@@ -259,38 +267,85 @@ def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, prog
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+            env[RANKS_END_ENV] = str(run_dir / "ranks_end.json")  # which rank ended how, if any fails
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
-            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid))
+            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid),
+                                      pass_sigint=True)  # the ranks record which signal stopped the run
             if returncode != 0:
                 record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
-        store.mark_failed_if_running(run_id, f"interrupted: {exc}")
+        ended = _mark_failed(store, run_id, f"interrupted: {exc}")
     except KeyboardInterrupt:  # SIGINT to a one-process run
-        store.mark_failed_if_running(run_id, "interrupted: received SIGINT")
+        ended = _mark_failed(store, run_id, "interrupted: received SIGINT")
     except Exception as exc:  # a failed run, reported as one; the traceback is kept with the run
-        (run_dir / "launcher_error.txt").write_text(traceback.format_exc())
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        store.mark_failed_if_running(run_id, f"{type(exc).__name__}: {first} (traceback: "
-                                             f"{run_dir / 'launcher_error.txt'})")
+        ended = _mark_failed(store, run_id, failure_reason(exc, run_dir, keep=traceback.format_exc()))
     finally:
-        store.mark_failed_if_running(run_id, "the run ended without recording a result")
+        unrecorded = _mark_failed(store, run_id, "the run ended without recording a result")
+        ended = ended or unrecorded
         store.close()
     summary_file = run_dir / "summary.json"
     if summary_file.is_file():
-        return json.loads(summary_file.read_text())
-    return abnormal_end_summary(spec, run_id, run_dir, db_path)
+        try:
+            return json.loads(summary_file.read_text())
+        except (OSError, ValueError):  # cut short (a full disk): the store's record is the summary
+            pass
+    return abnormal_end_summary(spec, run_id, run_dir, db_path, ended)
 
 
-def abnormal_end_summary(spec: RunSpec, run_id: str, run_dir: Path, db_path: str) -> dict:
-    """The summary of a run that wrote none (killed, interrupted, a rank died): what the store says of it,
-    with every key a summary printer reads."""
-    store = Store(db_path)
+def failure_reason(exc: BaseException, run_dir: Path, keep: str | None = None) -> str:
+    """One line for a run that raised ``exc``: the disk being full said as such; ``keep``: the traceback,
+    written beside the run (named in the line) when the disk takes it."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    reason = f"{type(exc).__name__}: {first}"
+    full = disk_full_reason(exc, run_dir if run_dir.exists() else run_dir.parent)
+    if full:
+        where = f" writing {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        reason = f"{full}{where}: {reason}"
+    if keep is not None:
+        try:
+            (run_dir / "launcher_error.txt").write_text(keep)
+            reason += f" (traceback: {run_dir / 'launcher_error.txt'})"
+        except OSError as err:
+            (run_dir / "launcher_error.txt").unlink(missing_ok=True)  # not a cut-short file in its place
+            reason += f" (traceback not kept: {err.strerror or err})"
+    return reason
+
+
+def _mark_failed(store: Store, run_id: str, reason: str) -> str | None:
+    """Mark the run failed if it is still running; what could not be recorded (the store on a full
+    disk, say) is returned, to be told with the run's summary instead."""
     try:
-        row = store.get_run(run_id) or {}
-    finally:
-        store.close()
+        store.mark_failed_if_running(run_id, reason)
+        return None
+    except sqlite3.Error as exc:
+        return f"{reason} (not recorded in the store: {disk_full_reason(exc, store.path.parent) or exc})"
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a refused run made (deepest first), each only while it is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def abnormal_end_summary(spec: RunSpec, run_id: str, run_dir: Path, db_path: str, ended: str | None = None) -> dict:
+    """The summary of a run that wrote none (killed, interrupted, a rank died, a full disk): what the
+    store says of it, with every key a summary printer reads. ``ended``: why it failed, when the store
+    could not be told (or read)."""
+    try:
+        store = Store(db_path, read_only_ok=True)
+        try:
+            row = store.get_run(run_id) or {}
+        finally:
+            store.close()
+    except (StoreError, sqlite3.Error) as exc:
+        row = {"status": "failed", "status_reason": ended or f"the store could not be read ({exc})"}
+    if ended and row.get("status") in (None, "running"):
+        row = {**row, "status": "failed", "status_reason": ended}
     return {"run_id": run_id, "workload": spec.workload, "status": row.get("status", "failed"),
-            "status_reason": row.get("status_reason") or "the run ended without recording a result",
+            "status_reason": row.get("status_reason") or ended or "the run ended without recording a result",
             "target": spec.eval.target, "layout": layout_string(spec.parallel), "world_size": row.get("world_size"),
             "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
             "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
@@ -302,6 +357,12 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
     dumps = sorted((run_dir / "flight_recorder").glob("rank_*"))
     progress = run_dir / "progress.json"
     last = json.loads(progress.read_text())["step"] if progress.is_file() else 0
+    killed = killed_ranks(run_dir / "ranks_end.json")
+    if killed:  # the cause, before what its peers recorded when their connections to it broke
+        cause = f"{', '.join(killed)} (kill -9, or the out-of-memory killer) after step {last}"
+        if not store.mark_failed_if_running(run_id, cause):
+            store.prefix_failed_reason(run_id, cause)
+        return
     if dumps:
         store.mark_hung_if_running(run_id, f"a collective timed out after step {last}; {reason}; flight recorder "
                                            f"dumps: {', '.join(d.name for d in dumps)} in {dumps[0].parent}")

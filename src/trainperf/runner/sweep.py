@@ -31,11 +31,16 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import os
 import sys
 import tempfile
+import tomllib
+from pathlib import Path
 
 from trainperf.core.errors import SpecError
-from trainperf.core.resolve import load_config_file, resolve_spec
+from trainperf.core.resolve import parse_error_text, resolve_spec
+from trainperf.core.untrusted import MAX_JSON_DEPTH, parse_untrusted_yaml, printable, read_untrusted_text
 from trainperf.parallel.launcher import Interrupted, run_passing_signals
 
 
@@ -46,14 +51,68 @@ def _as_list(v) -> list:
 BACKENDS = ("local", "slurm")
 
 
+SCALARS = (str, int, float, bool)
+MAX_NAME_CHARS = 200
+
+
+def _name(data: dict, where: str) -> str:
+    """The sweep's name (the key its progress is stored under): one line of printable text."""
+    name = data.get("name")
+    if name is None or name == "":
+        raise SpecError(f"{where}: a sweep needs a name (the key its progress is stored under)")
+    if isinstance(name, bool) or not isinstance(name, (str, int)):
+        raise SpecError(f"{where}: name must be a word or a number, not {type(name).__name__}")
+    name = str(name)
+    if printable(name, MAX_NAME_CHARS + 1) != name or len(name) > MAX_NAME_CHARS or not name.strip():
+        raise SpecError(f"{where}: name {printable(name, 60)!r} must be one line of printable text of at most "
+                        f"{MAX_NAME_CHARS} characters")
+    return name
+
+
+def _check_block(block, i: int, where: str) -> None:
+    """SpecError unless runs[i] is a {workload, nproc_per_node, seeds, set} mapping of plain values."""
+    if not isinstance(block, dict) or "workload" not in block:
+        raise SpecError(f"{where}: runs[{i}] needs a workload")
+    bad = set(block) - {"workload", "nproc_per_node", "seeds", "set"}
+    if bad:
+        shown = sorted(printable(k, 40) for k in bad)
+        raise SpecError(f"{where}: runs[{i}] has unknown keys {shown}; valid: workload, nproc_per_node, seeds, set")
+    if not isinstance(block["workload"], str) or not block["workload"]:
+        raise SpecError(f"{where}: runs[{i}].workload must be a workload name (see `trainperf workloads`)")
+    sets = block.get("set") or {}
+    if not isinstance(sets, dict) or not all(isinstance(k, str) for k in sets):
+        raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
+    for k, v in sets.items():
+        values = v if isinstance(v, (list, tuple)) else [v]
+        if not values:  # the grid would span nothing: the block would silently run no item
+            raise SpecError(f"{where}: runs[{i}].set.{printable(k, 60)} is an empty list; give at least one value")
+        if not all(isinstance(x, SCALARS) for x in values):
+            raise SpecError(f"{where}: runs[{i}].set.{printable(k, 60)} must be a value (text, number, true/false) "
+                            "or a list of them")
+
+
+def _count_items(runs: list, where: str) -> int:
+    """How many items the blocks span, from the lengths of their lists, before any item is built."""
+    total = 0
+    for block in runs:
+        sets = block.get("set") or {}
+        dims = [block.get("nproc_per_node", 1), block.get("seeds", None), *sets.values()]
+        total += math.prod(len(d) if isinstance(d, (list, tuple)) else 1 for d in dims)
+    if total > MAX_SWEEP_ITEMS:
+        raise SpecError(f"{where}: runs span {total:,} items, more than the {MAX_SWEEP_ITEMS:,} one sweep may hold; "
+                        "split it into several sweeps or give shorter lists")
+    return total
+
+
 def expand(data: dict, where: str) -> tuple[str, list[dict]]:
     """(sweep name, items) from a parsed sweep file; SpecError on a malformed one. Items of a slurm
     sweep also carry ``backend: 'slurm'`` and ``slurm`` (its SlurmConfig); they do not enter the id."""
-    name = str(data.get("name") or "")
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: top level must be a mapping (name, runs, backend, slurm)")
     runs = data.get("runs")
     backend = data.get("backend") or "local"
     if backend not in BACKENDS:
-        raise SpecError(f"{where}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
+        raise SpecError(f"{where}: backend {printable(backend, 60)!r} is not one of {', '.join(BACKENDS)}")
     slurm_cfg = None
     if backend == "slurm":
         from trainperf.runner.slurm import parse_config
@@ -62,32 +121,25 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
     elif data.get("slurm") is not None:
         raise SpecError(f"{where}: a 'slurm' section needs backend: slurm")
     default_nproc = (slurm_cfg.gpus_per_node or 1) if slurm_cfg else 1
-    if not name:
-        raise SpecError(f"{where}: a sweep needs a name (the key its progress is stored under)")
+    name = _name(data, where)
     if not isinstance(runs, list) or not runs:
         raise SpecError(f"{where}: 'runs' must be a non-empty list of {{workload, nproc_per_node, seeds, set}}")
+    for i, block in enumerate(runs):
+        _check_block(block, i, where)
+    _count_items(runs, where)
     items = []
     for i, block in enumerate(runs):
-        if not isinstance(block, dict) or "workload" not in block:
-            raise SpecError(f"{where}: runs[{i}] needs a workload")
-        bad = set(block) - {"workload", "nproc_per_node", "seeds", "set"}
-        if bad:
-            raise SpecError(f"{where}: runs[{i}] has unknown keys {sorted(bad)}; valid: workload, nproc_per_node, seeds, set")
         sets = block.get("set") or {}
-        if not isinstance(sets, dict):
-            raise SpecError(f"{where}: runs[{i}].set must map section.key to a value or a list of values")
         keys = sorted(sets)
-        empty = [k for k in keys if isinstance(sets[k], (list, tuple)) and not sets[k]]
-        if empty:  # the grid would span nothing: the block would silently run no item
-            raise SpecError(f"{where}: runs[{i}].set.{empty[0]} is an empty list; give at least one value")
         nprocs = _as_list(block.get("nproc_per_node", default_nproc))
         bad_nproc = [n for n in nprocs if isinstance(n, bool) or not isinstance(n, int) or n < 1]
         if bad_nproc or not nprocs:
             raise SpecError(f"{where}: runs[{i}].nproc_per_node must be a whole number >= 1 or a list of them "
-                            f"(got {block.get('nproc_per_node')!r})")
+                            f"(got {printable(repr(block.get('nproc_per_node')), 60)})")
         seeds = _as_list(block.get("seeds", [None]))
         if not seeds or any(x is not None and (isinstance(x, bool) or not isinstance(x, int)) for x in seeds):
-            raise SpecError(f"{where}: runs[{i}].seeds must be a whole number or a list of them (got {block.get('seeds')!r})")
+            raise SpecError(f"{where}: runs[{i}].seeds must be a whole number or a list of them "
+                            f"(got {printable(repr(block.get('seeds')), 60)})")
         for nproc, seed, *values in itertools.product(nprocs, seeds, *[_as_list(sets[k]) for k in keys]):
             overrides = dict(zip(keys, values))
             if seed is not None:
@@ -104,10 +156,37 @@ def expand(data: dict, where: str) -> tuple[str, list[dict]]:
     return name, items
 
 
+MAX_SWEEP_FILE_BYTES = 1 << 20  # a sweep file is a short list of grids; anything larger is not one
+MAX_SWEEP_ITEMS = 10_000  # items one sweep may span (each is resolved before the first runs)
+
+
+def read_sweep_file(path: str) -> dict:
+    """The parsed sweep file (YAML or TOML), read as untrusted input: a regular file of at most
+    ``MAX_SWEEP_FILE_BYTES``, UTF-8, YAML aliases counted on the node graph before anything is expanded
+    (at most ``MAX_YAML_NODES`` values), no recursive anchor, nesting bounded. SpecError otherwise."""
+    where = f"sweep file {printable(path)!r}"
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise SpecError(f"{where}: expected a .yaml, .yml or .toml file")
+    text = read_untrusted_text(path, max_bytes=MAX_SWEEP_FILE_BYTES, what="sweep file")
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{where} could not be parsed: {printable(parse_error_text(exc), 160)}") from None
+        except RecursionError:
+            raise SpecError(f"{where}: values nested more than {MAX_JSON_DEPTH} deep") from None
+    else:
+        data = parse_untrusted_yaml(text, where=where) or {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: top level must be a mapping (name, runs, backend, slurm)")
+    return data
+
+
 def load_sweep(path: str, extra_sets: list[str] = ()) -> tuple[str, list[dict]]:
     """(name, items) of a sweep file; each item's spec resolved with the command line's ``--set`` (names,
     types and ranges), so a typo in item 7 stops the sweep now, not after six runs."""
-    return checked_sweep(load_config_file(path), f"sweep file {path!r}", extra_sets)
+    return checked_sweep(read_sweep_file(path), f"sweep file {printable(path)!r}", extra_sets)
 
 
 def checked_sweep(data: dict, where: str, extra_sets: list[str] = ()) -> tuple[str, list[dict]]:
@@ -120,7 +199,7 @@ def checked_sweep(data: dict, where: str, extra_sets: list[str] = ()) -> tuple[s
 
 
 def _item_label(item: dict) -> str:
-    return f"{item['workload']} x{item['nproc']} {_set_args(item['overrides'])[1::2]}"
+    return printable(f"{item['workload']} x{item['nproc']} {_set_args(item['overrides'])[1::2]}", 300)
 
 
 def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
@@ -194,13 +273,14 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
             echo(f"failed  {_item_label(row)} {problems[item['item_id']]}")
             continue
         cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
-               "--json", "--db", db, "--out", out, *_set_args(row["overrides"])]
+               "--json", "--db", db, "--out", out, *_set_args(row["overrides"]), "--sweep-item",
+               json.dumps({"sweep_id": sweep_id, "item_id": row["item_id"], "owner_pid": os.getpid()})]
         for s in extra_sets:
             cmd += ["--set", s]
         with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
             try:
                 returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
-                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)))
+                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)), pass_sigint=True)
             except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
                 store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
                                      f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")

@@ -77,7 +77,7 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
     Interrupted with what was ended."""
     cmd = trial_command(workload, gpus, cand.set_line, steps, db, out, extra)
     trial = Trial(cand, steps)
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = start_owned(cmd, stdout=stdout, stderr=stderr)
         previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -88,9 +88,10 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
             trial.error = (f"stopped: the tune budget ran out ({timeout_s:.0f} s were left for this trial); its "
                            f"processes (process group {proc.pid}) were ended")
             trial.wall_s = time.perf_counter() - t0
+            trial.run_id = _record_timeout(db, proc.pid, started, timeout_s)
             return trial
-        except Interrupted as exc:
-            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S)
+        except Interrupted as exc:  # the trial (a run) records the signal tune received
+            stop_owned(proc, grace_s=TRIAL_STOP_GRACE_S, sig=exc.signum)
             raise Interrupted(f"{exc}: trial {cand.id} stopped, its processes (process group {proc.pid}) ended") from None
         finally:
             for sig, handler in previous.items():
@@ -114,8 +115,27 @@ def run_trial(workload: str, gpus: int, cand: Candidate, steps: int, db: str, ou
     return trial
 
 
+def _record_timeout(db: str, pid: int, started: float, timeout_s: float) -> str | None:
+    """The stopped trial's row says it timed out, not only the signal that stopped it; its run id."""
+    from pathlib import Path
+
+    from trainperf.store.db import Store, StoreError  # only once a trial has timed out
+
+    if not Path(db).is_file():  # the trial never made the store: nothing to correct, nothing to create
+        return None
+    try:
+        store = Store(db)
+    except StoreError:  # the trial never made the store: nothing to correct
+        return None
+    try:
+        return store.end_stopped_run(pid, started, f"timed out after {timeout_s:.0f} s: the tune budget left this "
+                                                   "trial no more, so tune stopped it (SIGTERM)")
+    finally:
+        store.close()
+
+
 def _raise_interrupted(signum, frame):
-    raise Interrupted(f"tune received {signal.Signals(signum).name}")
+    raise Interrupted(f"tune received {signal.Signals(signum).name}", signum)
 
 
 def recalibrated(cand: Candidate, ratios: list[float]) -> float:

@@ -40,12 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     except RunInterrupted as exc:  # rank 0 recorded the end; the launcher prints the run's summary
         print(f"trainperf: rank {os.environ.get('RANK', '?')}: run {ctx.run_id} stopped ({exc})", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a SIGINT before the trainer's handler was in place
+        print(f"trainperf: rank {os.environ.get('RANK', '?')}: run {ctx.run_id} stopped (received signal SIGINT)",
+              file=sys.stderr)
+        return 1
     except Exception as exc:  # recorded by rank 0; the traceback is kept with the run, not printed
         where = run_dir / f"rank_{os.environ.get('RANK', 'x')}_error.txt"
-        where.write_text(traceback.format_exc())
+        try:
+            where.write_text(traceback.format_exc())
+            kept = f"traceback: {where}"
+        except OSError as err:  # a full disk: the line below is all there is
+            kept = f"traceback not kept: {err.strerror or err}"
         first = str(exc).splitlines()[0] if str(exc) else ""
         print(f"trainperf: rank {os.environ.get('RANK', '?')}: run {ctx.run_id} failed: {type(exc).__name__}: "
-              f"{first[:200]} (traceback: {where})", file=sys.stderr)
+              f"{first[:200]} ({kept})", file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():

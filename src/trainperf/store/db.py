@@ -203,6 +203,39 @@ def require_existing_store(path: str | os.PathLike, used_by: str) -> None:
         raise StoreError(f"no results store at {str(path)!r} (nothing recorded there); give the --db {used_by} used")
 
 
+DISK_NEARLY_FULL_BYTES = 1 << 20  # below this, a failed write is put down to the full disk
+
+
+def disk_full_reason(exc: BaseException, where: str | os.PathLike) -> str | None:
+    """'the disk is full (...)' when ``exc`` is a write that failed for want of space -- ENOSPC, SQLite's
+    "database or disk is full", or an I/O error on a file system with (almost) no space left -- else None."""
+    import errno
+
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    said = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    said = said or getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    io_error = isinstance(exc, sqlite3.Error) and "disk I/O error" in str(exc)
+    if not (said or (io_error and free is not None and free < DISK_NEARLY_FULL_BYTES)):
+        return None
+    left = "" if free is None else f"{free:,} bytes free on the file system of {str(where)!r}"
+    return f"the disk is full ({left or 'No space left on device'})"
+
+
+def _remove_journals_made(journals: list[Path]) -> None:
+    """Remove the -wal/-shm files a refused open made. A -wal holding anything is kept: it would be
+    another process's uncommitted pages, never ours (this open wrote nothing)."""
+    for journal in journals:
+        try:
+            if journal.name.endswith("-wal") and journal.stat().st_size > 0:
+                continue
+            journal.unlink()
+        except OSError:  # not made after all, or not ours to remove
+            pass
+
+
 def _newer_schema(path: Path, version: int) -> StoreError:
     return StoreError(f"results store {str(path)!r} has schema v{version}, newer than this trainperf's "
                       f"(v{SCHEMA_VERSION}): upgrade trainperf, or give another --db")
@@ -253,6 +286,8 @@ class Store:
                                      "writable); copy it to a folder you can write and give that as --db")
                 self.writable = False
         existed = self.path.exists()
+        # the journal files this open makes (WAL: -wal and -shm): a refused open removes those it made
+        journals = [p for p in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")) if not p.exists()]
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
             self.conn.row_factory = sqlite3.Row
@@ -272,6 +307,12 @@ class Store:
             if not existed:  # a store that could not be made (a full disk) leaves no file behind
                 for leftover in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                     leftover.unlink(missing_ok=True)
+            else:
+                _remove_journals_made(journals)
+            full = disk_full_reason(exc, self.path.parent)
+            if full:  # a healthy file on a full disk: not damaged, nothing to restore
+                raise StoreError(f"results store {str(self.path)!r}: {full}; nothing was written to it; free space "
+                                 "there, or give a --db on another disk") from None
             if "readonly" in str(exc).replace("-", "").replace(" ", ""):
                 raise StoreError(f"results store {str(self.path)!r} is read-only here ({exc}); copy it to a folder "
                                  "you can write and give that as --db") from None
@@ -361,9 +402,12 @@ class Store:
     def create_run(self, run_id: str, workload: str, spec: dict, layout: str, world_size: int,
                    division: str, comparable: bool, target: float, out_dir: str,
                    hardware: dict | None = None, software: dict | None = None, git_sha: str | None = None,
-                   pid: int | None = None, purpose: str = "run") -> None:
+                   pid: int | None = None, purpose: str = "run", sweep_item: dict | None = None) -> None:
         """The run's row, 'running', owned by process ``pid`` (this one by default) of this host, with
-        that process's start time and process group: what tells later whether the run may be alive."""
+        that process's start time and process group: what tells later whether the run may be alive.
+        ``sweep_item`` ({sweep_id, item_id, owner_pid}: the item a sweep started this run for): the item,
+        while that sweep still holds it, gets this run's id in the same transaction, so no sweep killed
+        afterwards can leave the item without it (and ``finish_run`` then ends the item with the run)."""
         pid = pid if pid is not None else os.getpid()
         try:
             pgid = os.getpgid(pid)
@@ -378,6 +422,10 @@ class Store:
                  world_size, json.dumps(hardware or {}), json.dumps(software or {}), git_sha, socket.gethostname(),
                  pid, pid_namespace(), process_start_time(pid), pgid, target, out_dir, purpose),
             )
+            if sweep_item:
+                c.execute("UPDATE sweep_items SET run_id = ? WHERE sweep_id = ? AND item_id = ? AND status = 'running' "
+                          "AND owner_pid = ?", (run_id, sweep_item["sweep_id"], sweep_item["item_id"],
+                                                sweep_item["owner_pid"]))
 
     def import_runs(self, rows: list[dict]) -> list[str]:
         """Finished runs of another engine, all in one transaction (a run id already stored is left as
@@ -423,6 +471,9 @@ class Store:
                             (*result.values(), run_id, *([] if owner_pid is None else [owner_pid])))
             if cur.rowcount != 1:
                 return False
+            if result.get("status") == "success" and self.schema_version >= 3:  # the sweep item this run was started for (if any) ends with it
+                c.execute("UPDATE sweep_items SET status = 'success', reason = NULL, finished_at = ? WHERE run_id = ? "
+                          "AND status IN ('pending', 'running')", (result["finished_at"], run_id))
             for e in eval_rows or []:
                 c.execute("INSERT OR REPLACE INTO evals VALUES (?, ?, ?, ?, ?)",
                           (run_id, e["samples_count"], e["step"], e["eval_loss"], e["elapsed_s"]))
@@ -438,6 +489,29 @@ class Store:
                 "UPDATE runs SET status = 'failed', status_reason = ?, finished_at = ? WHERE run_id = ? AND status = 'running'",
                 (reason, time.time(), run_id))
             return cur.rowcount == 1
+
+    def prefix_failed_reason(self, run_id: str, cause: str) -> bool:
+        """Put ``cause`` (found after the row was ended: a rank killed outright) before the reason a
+        failed row holds (what its peers saw). False if the row is not failed."""
+        with self.transaction() as c:
+            cur = c.execute("UPDATE runs SET status_reason = ? || COALESCE('; then ' || status_reason, '') "
+                            "WHERE run_id = ? AND status = 'failed'", (cause, run_id))
+            return cur.rowcount == 1
+
+    def end_stopped_run(self, pid: int, since: float, reason: str) -> str | None:
+        """The run process ``pid`` of this host started at or after ``since``, which its caller stopped
+        (a tune trial past its time): its row says ``reason`` first, then what the run recorded as it
+        stopped (a row still running is failed). Its run id, or None when it made no row."""
+        with self.transaction() as c:
+            row = c.execute("SELECT run_id FROM runs WHERE host = ? AND pid = ? AND created_at >= ? AND status IN "
+                            "('running', 'failed') ORDER BY created_at DESC LIMIT 1",
+                            (socket.gethostname(), pid, since)).fetchone()
+            if row is None:
+                return None
+            c.execute("UPDATE runs SET status_reason = ? || CASE WHEN status = 'running' OR status_reason IS NULL "
+                      "THEN '' ELSE ' (as it stopped: ' || status_reason || ')' END, status = 'failed', "
+                      "finished_at = COALESCE(finished_at, ?) WHERE run_id = ?", (reason, time.time(), row[0]))
+            return row[0]
 
     def mark_hung_if_running(self, run_id: str, reason: str) -> bool:
         with self.transaction() as c:
@@ -492,12 +566,12 @@ class Store:
     def set_sweep_item(self, sweep_id: str, item_id: str, status: str, run_id: str | None = None,
                        reason: str | None = None) -> None:
         now = time.time()
-        with self.transaction() as c:
+        with self.transaction() as c:  # an item its run ended as a success is never put back to run again
             c.execute("UPDATE sweep_items SET status = ?, run_id = COALESCE(?, run_id), reason = ?, "
                       "started_at = CASE WHEN ? = 'running' THEN ? ELSE started_at END, "
                       "finished_at = CASE WHEN ? IN ('success', 'failed') THEN ? ELSE finished_at END "
-                      "WHERE sweep_id = ? AND item_id = ?",
-                      (status, run_id, reason, status, now, status, now, sweep_id, item_id))
+                      "WHERE sweep_id = ? AND item_id = ? AND NOT (status = 'success' AND ? = 'pending')",
+                      (status, run_id, reason, status, now, status, now, sweep_id, item_id, status))
 
     def claim_sweep_item(self, sweep_id: str, item_id: str, take_over: bool = False) -> dict | None:
         """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
@@ -508,6 +582,10 @@ class Store:
         with self.transaction() as c:
             row = c.execute("SELECT * FROM sweep_items WHERE sweep_id = ? AND item_id = ?", (sweep_id, item_id)).fetchone()
             if row is None or row["status"] in ("success", "failed"):
+                return None
+            if self._run_succeeded(c, row["run_id"]):  # its run succeeded, whatever became of the sweep since
+                c.execute("UPDATE sweep_items SET status = 'success', reason = NULL, finished_at = COALESCE("
+                          "finished_at, ?) WHERE sweep_id = ? AND item_id = ?", (time.time(), sweep_id, item_id))
                 return None
             if row["status"] == "running" and row["owner_pid"] is not None and not take_over and not _is_ours_and_dead(
                     row["owner_host"], row["owner_pid_ns"], row["owner_pid"], row["owner_started"]):
@@ -521,6 +599,11 @@ class Store:
         out = dict(row) | {"status": "running"}
         out["overrides"] = json.loads(out.pop("overrides_json"))
         return out
+
+    @staticmethod
+    def _run_succeeded(c: sqlite3.Connection, run_id: str | None) -> bool:
+        return run_id is not None and c.execute("SELECT 1 FROM runs WHERE run_id = ? AND status = 'success'",
+                                                (run_id,)).fetchone() is not None
 
     def _previous_run_alive(self, item: dict) -> str | None:
         """What of an item's previous run may still be running on this host: its process group (started

@@ -15,10 +15,10 @@ class MetricsServer:
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
-        labels = {"run_id": run_id, "workload": workload, "rank": str(rank)}
+        self._labels = {"run_id": run_id, "workload": workload, "rank": str(rank)}
 
-        def gauge(name: str, doc: str):
-            return Gauge(f"trainperf_{name}", doc, list(labels), registry=self.registry).labels(**labels)
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"trainperf_{name}", doc, list(self._labels), registry=self.registry)
 
         self.step = gauge("step", "last completed optimizer step")
         self.samples = gauge("samples", "training samples consumed up to the last completed step")
@@ -26,10 +26,15 @@ class MetricsServer:
         self.tokens = gauge("tokens_per_second_per_gpu", "tokens per second per GPU in the last step")
         self.mfu = gauge("mfu_ratio", "model FLOPs utilisation of the last step (0..1; absent on CPU)")
         self.memory = gauge("peak_memory_bytes", "peak memory allocated so far on this rank")
-        self.eval_loss = gauge("eval_loss", "loss of the last eval")
+        self.eval_loss = gauge("eval_loss", "loss of the last eval (absent before the first)")
         self.eval_target = gauge("eval_target_loss", "the eval loss the run must reach")
         self.eval_samples = gauge("eval_samples", "training samples at the last eval")
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+
+    def _set(self, gauge, value: float) -> None:
+        # the labelled sample is made at its first value: a gauge with no value yet exports no sample (a
+        # 0.0 eval loss before any eval would read as a reached target, a 0.0 MFU on CPU as a measurement)
+        gauge.labels(**self._labels).set(value)
 
     @property
     def enabled(self) -> bool:
@@ -43,21 +48,21 @@ class MetricsServer:
                peak_mem_gib: float, samples: int | None = None) -> None:
         if self._server is None:
             return
-        self.step.set(step)
+        self._set(self.step, step)
         if samples is not None:
-            self.samples.set(samples)
-        self.step_time.set(step_time_s)
-        self.tokens.set(tokens_per_s_per_gpu)
+            self._set(self.samples, samples)
+        self._set(self.step_time, step_time_s)
+        self._set(self.tokens, tokens_per_s_per_gpu)
         if mfu is not None:
-            self.mfu.set(mfu)
-        self.memory.set(peak_mem_gib * 2**30)
+            self._set(self.mfu, mfu)
+        self._set(self.memory, peak_mem_gib * 2**30)
 
     def update_eval(self, samples: int, loss: float, target: float) -> None:
         if self._server is None:
             return
-        self.eval_samples.set(samples)
-        self.eval_loss.set(loss)
-        self.eval_target.set(target)
+        self._set(self.eval_samples, samples)
+        self._set(self.eval_loss, loss)
+        self._set(self.eval_target, target)
 
     def close(self) -> None:
         if self._server is not None:

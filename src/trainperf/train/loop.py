@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
 from trainperf.parallel.parallelize import build_mesh, data_parallel_rank
-from trainperf.store.db import Store
+from trainperf.store.db import Store, disk_full_reason
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
@@ -257,6 +258,8 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
+    # a SIGINT (Ctrl-C, or passed on by a sweep or a launcher) is recorded as itself, not as a bare KeyboardInterrupt
+    previous_sigint = signal.signal(signal.SIGINT, on_signal)
 
     mode = progress_mode(ctx.progress) if is_main else "off"  # rank 0 alone speaks
     progress = RunProgress(mode, spec, expected_samples(spec, rcp_reference_samples if mode != "off" else None))
@@ -267,6 +270,7 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         _record_failure(store, spec, ctx, exc, rank)
         raise
     finally:
+        signal.signal(signal.SIGINT, previous_sigint)
         progress.close()
         log.close()
         if ctx.metrics is not None:
@@ -295,6 +299,9 @@ def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: Ba
     """A run that raised: 'hung' when a collective timed out (with this rank's Flight Recorder dump),
     else 'failed', with the reason."""
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    full = disk_full_reason(exc, ctx.out_dir)
+    if full:  # said as such: an OSError number is not what a reader of the run looks for
+        reason = f"{full}" + (f" writing {exc.filename}" if getattr(exc, "filename", None) else "") + f": {reason}"
     status = "failed"
     if is_collective_timeout(exc):
         status = "hung"
@@ -302,9 +309,13 @@ def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: Ba
         reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
                   f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
     if store:
-        _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
-                                                 owner_pid=ctx.owner_pid or os.getpid(), status=status,
-                                                 status_reason=reason))
+        try:
+            _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
+                                                     owner_pid=ctx.owner_pid or os.getpid(), status=status,
+                                                     status_reason=reason))
+        except sqlite3.Error as err:  # the store's disk is full too: the run's own error is the one raised
+            print(f"trainperf: run {ctx.run_id}: {reason}; not recorded in the store: "
+                  f"{disk_full_reason(err, store.path.parent) or err}", file=sys.stderr)
 
 
 def _report_unrecorded(ctx: RunContext, recorded: bool) -> None:
