@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import HEADROOM_HELP, add_common, memory_headroom
+from trainperf.core.untrusted import finite_number
 from trainperf.core.layout import layers_per_stage
 
 HELP = "rank every layout for N GPUs by predicted time (no GPU needed)"
@@ -25,7 +26,7 @@ DESCRIPTION = ("Top-down estimate of memory, communication and step time for eve
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="", help="workload name (see `trainperf workloads`; not with --calibrate)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(gpus, 8))")
     p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200, a cluster preset (h100-sxm | h200-sxm | "
                                                  "h200-nvl | b200-sxm: NIC and NVLink domain) or a YAML file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
     p.add_argument("--objective", choices=["time", "throughput"], default="time",
                    help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
-    p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--samples", help="samples to converge (default: the MLPerf RCP mean, if any)")
     p.add_argument("--datasheet", action="store_true",
                    help="use the GPU preset as is, not the figures the newest `trainperf preflight` of this GPU measured")
     p.add_argument("--gbs", metavar="LIST|rcp",
@@ -118,12 +119,14 @@ def _resolve_inputs(args):
 
     if not args.workload:
         raise SpecError("give the WORKLOAD to plan (see `trainperf workloads`)")
-    if args.gpus < 1:
-        raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
+    # the search's bounds are the planner's, loaded only when a plan is asked for
+    from trainperf.plan.search import MAX_SAMPLES, check_scale
+
+    check_scale(args.gpus, min(args.gpus, 8) if args.gpus_per_node is None else args.gpus_per_node)
     if args.top < 1:
         raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
-    if args.samples is not None and not args.samples > 0:
-        raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
+    if args.samples is not None:
+        args.samples = finite_number(args.samples, "--samples", lo=0, lo_open=True, hi=MAX_SAMPLES)
     # gpt3 / llama31_405b derive the rate and schedule from the GBS (torch-free, as the planner)
     from trainperf.mlperf.recipes import apply_gbs_schedule
 
@@ -166,7 +169,7 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     # the search over layouts loads only when a plan is asked for, not for --help
     from trainperf.plan.search import plan
 
-    per_node = args.gpus_per_node or min(args.gpus, 8)
+    per_node = min(args.gpus, 8) if args.gpus_per_node is None else args.gpus_per_node
     gbs_values = _batch_sizes(args, base)
     gbs_note = None
     if gbs_values is None and args.samples is None:

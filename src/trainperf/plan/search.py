@@ -63,7 +63,30 @@ def rank_of(fits: list[Candidate], spec: RunSpec) -> int | None:
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of n, ascending (trial division to the square root: n may be a GPU count in the 100,000s)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
+
+
+# the largest job `plan` searches: ten times the largest published MLPerf run (11,616 GPUs), a
+# power of two; above it the search (and the nearest-count scan beside it) would run for minutes
+MAX_GPUS = 131_072
+# the most samples to converge --samples takes: far beyond any benchmark (gpt3's RCPs: ~1.5e8 sequences)
+MAX_SAMPLES = 1e12
+# the most GPUs one node (one NVLink domain's share of a host) holds in any system planned here
+MAX_GPUS_PER_NODE = 1024
+
+
+def check_scale(gpus: int, gpus_per_node: int) -> None:
+    """SpecError (one line) unless 1 <= gpus <= MAX_GPUS and 1 <= gpus_per_node <= MAX_GPUS_PER_NODE, the
+    job being one partial node or whole nodes."""
+    if not 1 <= gpus <= MAX_GPUS:
+        raise SpecError(f"--gpus {gpus}: give the number of GPUs to plan for, 1 to {MAX_GPUS:,}")
+    if not 1 <= gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise SpecError(f"--gpus-per-node {gpus_per_node}: give the GPUs in one node, 1 to {MAX_GPUS_PER_NODE} "
+                        "(default: min(--gpus, 8))")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise SpecError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
 
 
 def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None):
@@ -229,10 +252,7 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     fraction of the GPU's memory a layout must leave free to fit (those that fit only without it land
     among the second list, their ``est.fits`` still true)."""
     check_headroom(headroom)
-    if gpus < 1 or gpus_per_node < 1:
-        raise SpecError("--gpus and --gpus-per-node must be >= 1")
-    if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise SpecError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
+    check_scale(gpus, gpus_per_node)
     if gbs_values and samples:
         raise SpecError("--gbs searches the global batch size with samples to converge from the MLPerf RCPs; "
                         "drop --samples (one sample count cannot hold for every GBS)")
