@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import HEADROOM_HELP, add_common, memory_headroom
-from trainperf.core.untrusted import finite_number
+from trainperf.core.untrusted import finite_number, printable
 from trainperf.core.layout import layers_per_stage
 
 HELP = "rank every layout for N GPUs by predicted time (no GPU needed)"
@@ -38,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datasheet", action="store_true",
                    help="use the GPU preset as is, not the figures the newest `trainperf preflight` of this GPU measured")
     p.add_argument("--gbs", metavar="LIST|rcp",
-                   help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
-                        "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
+                   help="also search the global batch size: comma-separated values, or `rcp` for every GBS the "
+                        "benchmark's RCP checker accepts (its RCPs, between two interpolated, below the smallest "
+                        "against it; samples to converge as the checker computes them)")
     p.add_argument("--options", metavar="LIST|all|none", default="none",
                    help="also search this engine's speed settings, each shown in the table: compile (train.compile), "
                         "fp8 (hardware.fp8=tensorwise), frozen_dtype (LoRA's base in fp8), attention (flash4); "
@@ -250,22 +251,22 @@ def _stored_lines(ranking: Ranking) -> list[str]:
 BUSY_TOKENS_PER_GPU = 8192
 
 
-def _busy_batch_sizes(args, base) -> tuple[list[int] | None, str | None]:
-    """(the GBS values the RCPs cover, a note saying so) when the recipe's GBS gives each GPU less than
+def _busy_batch_sizes(args, base) -> tuple[object, str | None]:
+    """(the GBS values the RCP checker accepts, a note saying so) when the recipe's GBS gives each GPU less than
     BUSY_TOKENS_PER_GPU tokens per step and the benchmark has RCPs; (None, None) otherwise."""
     # the RCP tables are part of the planner, loaded only when a plan is asked for
-    from trainperf.plan.search import rcp_batch_sizes
+    from trainperf.plan.search import accepted_batch_sizes
 
     gbs, seq = base.train.global_batch_size, base.data.seq_len
     per_gpu = gbs * seq / args.gpus
     if per_gpu >= BUSY_TOKENS_PER_GPU or not base.mlperf.comparable:
         return None, None
-    covered = rcp_batch_sizes(base)
-    if not covered or max(covered) <= gbs:
+    accepted = accepted_batch_sizes(base)
+    if accepted is None or max(accepted.points) <= gbs:
         return None, None
-    return covered, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few to "
-                     f"keep them busy: searched the GBS values the RCPs cover ({', '.join(map(str, covered))}; time to "
-                     f"train from each RCP's samples to converge); --gbs {gbs} keeps the recipe's")
+    return accepted, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few "
+                      f"to keep them busy: searched the GBS values the RCP checker accepts ({accepted.describe()}; time "
+                      f"to train from its samples to converge); --gbs {gbs} keeps the recipe's")
 
 
 def _option_sets(args, base, megatron: bool) -> list[dict] | None:
@@ -317,20 +318,26 @@ def _measured_gpu(gpu, db: str):
         f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
 
 
-def _batch_sizes(args, base) -> list[int] | None:
-    """--gbs as a list of global batch sizes to search (None: the spec's own)."""
+def _batch_sizes(args, base):
+    """--gbs as the global batch sizes to search: a list, or (`rcp`) every GBS the RCP checker accepts
+    (None: the spec's own)."""
     if not args.gbs:
         return None
     # the RCP interpolation is part of the planner, loaded only when a plan is asked for
-    from trainperf.plan.search import rcp_batch_sizes
+    from trainperf.plan.search import accepted_batch_sizes
 
+    if args.gbs == "rcp":
+        accepted = accepted_batch_sizes(base)
+        if accepted is None:
+            raise SpecError(f"--gbs rcp: workload {args.workload!r} has no MLPerf RCPs to give samples to converge "
+                            "at each GBS; set one with --set train.global_batch_size=N and --samples")
+        return accepted
     try:
-        gbs_values = rcp_batch_sizes(base) if args.gbs == "rcp" else [int(x) for x in args.gbs.split(",")]
+        gbs_values = [int(x) for x in args.gbs.split(",")]
     except ValueError:
-        raise SpecError(f"--gbs {args.gbs!r}: expected comma-separated integers or `rcp`") from None
+        raise SpecError(f"--gbs {printable(args.gbs, 60)!r}: expected comma-separated integers or `rcp`") from None
     if not gbs_values or min(gbs_values) < 1:
-        raise SpecError(f"--gbs {args.gbs!r}: no global batch sizes to search (workload {args.workload!r} "
-                        "has no MLPerf RCPs)" if args.gbs == "rcp" else f"--gbs {args.gbs!r}: sizes must be >= 1")
+        raise SpecError(f"--gbs {printable(args.gbs, 60)!r}: sizes must be >= 1")
     return gbs_values
 
 

@@ -10,7 +10,7 @@ from trainperf.core.errors import SpecError
 from trainperf.core.layout import data_parallel_size, layers_per_stage
 from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, eval_interval_samples, eval_skip_count
 from trainperf.core.validate import validate_layout
-from trainperf.mlperf.recipes import EVAL_ROWS, RCP_RULESET, RCP_UNIT
+from trainperf.mlperf.recipes import EVAL_ROWS, RCP_RULESET, RCP_UNIT, gbs_eval_skips, gbs_rate_span
 from trainperf.mlperf.score import DEFAULT_RULESET, rcp_global_batch_sizes, rcp_reference_samples
 from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
@@ -89,16 +89,18 @@ def check_scale(gpus: int, gpus_per_node: int) -> None:
         raise SpecError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
 
 
-def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None):
+def candidate_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values=None):
     """Every (pp, dp_replicate, dp_shard, cp, tp, sp, schedule, micro-batch, recompute) the engine
-    accepts for this model on ``gpus`` GPUs, TP kept inside a node; with ``gbs_values`` also every
-    global batch size among them (an override only then)."""
-    for gbs in gbs_values or [base.train.global_batch_size]:
-        for layout in _layouts(gpus, gpus_per_node, gbs):
+    accepts for this model on ``gpus`` GPUs, TP kept inside a node; with ``gbs_values`` (a list, or
+    AcceptedBatchSizes) also every global batch size among them that the layout admits (an override
+    only then)."""
+    for layout in _layouts(gpus, gpus_per_node):
+        step = layout.pop("_step")
+        for gbs in batch_sizes_for(gbs_values, base, step):
             yield ({"train.global_batch_size": gbs} if gbs_values else {}) | layout
 
 
-def _layouts(gpus: int, gpus_per_node: int, gbs: int):
+def _layouts(gpus: int, gpus_per_node: int):
     for tp in divisors(gpus):
         if tp > gpus_per_node:
             continue
@@ -111,13 +113,68 @@ def _layouts(gpus: int, gpus_per_node: int, gbs: int):
                     for sp in ([True, False] if tp > 1 else [False]):
                         for sched in (PP_SCHEDULES if pp > 1 else ("1F1B",)):
                             for mbs in (1, 2, 4, 8):
-                                if gbs % (dp * mbs):
-                                    continue
                                 for rc in RECOMPUTE_MODES:
                                     yield {"parallel.tp": tp, "parallel.sp": sp, "parallel.cp": cp, "parallel.pp": pp,
                                            "parallel.pp_schedule": sched, "parallel.dp_replicate": rep,
                                            "parallel.dp_shard": dp // rep, "train.micro_batch_size": mbs,
-                                           "train.recompute": rc}
+                                           "train.recompute": rc, "_step": dp * mbs}
+
+
+# between two RCP points (and below the smallest) a search tries at most this many of the GBS values a
+# layout admits there, evenly spaced, both ends included: time to train is convex in the GBS inside a
+# gap (samples linear in it, the step a fixed part plus one per micro-batch), so its best lies near
+# the sampled ones
+GBS_PER_GAP = 6
+
+
+@dataclass(frozen=True)
+class AcceptedBatchSizes:
+    """Every global batch size a closed submission may train at with a reference to converge to, as
+    the RCP checker finds one (``rcp_checker.check_directory``): an RCP's own GBS, any GBS between two
+    RCPs (against the RCP it interpolates, ``_create_interp_rcp``), and any below the smallest RCP
+    (against the smallest), from the rules' smallest GBS; above the largest RCP the checker finds none."""
+
+    points: tuple[int, ...]  # the RCP file's GBS values, ascending
+    least: int = 1  # the smallest GBS the rules give a learning rate for
+
+    def values(self, step: int, least: int = 1) -> list[int]:
+        """The GBS values a layout whose GBS must be a multiple of ``step`` (and at least ``least``) is
+        tried at: every RCP point it admits, and GBS_PER_GAP of the multiples inside each gap."""
+        lo = max(self.least, least)
+        out = {g for g in self.points if g % step == 0 and g >= lo}
+        edges = [lo - 1, *self.points]
+        for a, b in zip(edges, edges[1:]):
+            first, last = max(a + 1, lo), b - 1  # strictly inside the gap (a point is counted above)
+            k0, k1 = -(-first // step), last // step
+            if k1 < k0:
+                continue
+            n = k1 - k0 + 1
+            picks = {k0 + round(i * (n - 1) / (GBS_PER_GAP - 1)) for i in range(GBS_PER_GAP)} if n > GBS_PER_GAP \
+                else set(range(k0, k1 + 1))
+            out |= {k * step for k in picks}
+        return sorted(out)
+
+    def describe(self) -> str:
+        pts = ", ".join(map(str, self.points))
+        return (f"RCPs at GBS {pts}, any GBS between two (against the RCP interpolated between them) and below "
+                f"{self.points[0]} (against it)" + (f" from {self.least}" if self.least > 1 else ""))
+
+
+def batch_sizes_for(gbs_values, base: RunSpec, step: int, least: int = 1) -> list[int]:
+    """The global batch sizes a layout whose GBS must be a multiple of ``step`` is tried at: the spec's
+    own (no ``gbs_values``), the listed ones it admits, or the accepted ones (AcceptedBatchSizes)."""
+    if isinstance(gbs_values, AcceptedBatchSizes):
+        return gbs_values.values(step, least)
+    return [g for g in (gbs_values or [base.train.global_batch_size]) if g % step == 0 and g >= least]
+
+
+def accepted_batch_sizes(spec: RunSpec) -> AcceptedBatchSizes | None:
+    """The GBS values the benchmark's RCP checker accepts (None: the benchmark has no RCPs)."""
+    points = rcp_batch_sizes(spec)
+    if not points:
+        return None
+    span = gbs_rate_span(spec.mlperf.benchmark)
+    return AcceptedBatchSizes(tuple(g for g in points if g <= span[1]), span[0])
 
 
 # the engine's speed settings `plan --options` searches beside the layout: name -> (setting, values);
@@ -149,23 +206,22 @@ def option_overrides(base: RunSpec, names: list[str]) -> list[dict]:
 MEGATRON_VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
 
 
-def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None = None,
-                     nvlink_domain: int = 0):
+def megatron_layouts(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values=None, nvlink_domain: int = 0):
     """The layouts a Megatron-based engine (NeMo) runs: TP (with SP) inside the NVLink domain (a node,
     or ``nvlink_domain`` GPUs if fewer: TP's per-layer collectives need NVLink), CP and PP together
     allowed, PP interleaved over virtual stages, data parallelism by its distributed optimizer (no
     replicate/shard split), no activation recomputation (none of NVIDIA's published configs uses it)
-    or full recomputation."""
-    for gbs in gbs_values or [base.train.global_batch_size]:
-        tp_limit = min(gpus_per_node, nvlink_domain) if nvlink_domain > 0 else gpus_per_node
-        for tp in (t for t in divisors(gpus) if t <= tp_limit):
-            for cp in divisors(gpus // tp):
-                for pp in divisors(gpus // (tp * cp)):
-                    dp = gpus // (tp * cp * pp)
-                    for vp in (MEGATRON_VIRTUAL_STAGES if pp > 1 else (1,)):
-                        for mbs in (1, 2, 4):
-                            if gbs % (dp * mbs):
-                                continue
+    or full recomputation; each at the global batch sizes of ``gbs_values`` it admits (at least PP
+    micro-batches per pipeline, a multiple of PP of them when interleaved)."""
+    tp_limit = min(gpus_per_node, nvlink_domain) if nvlink_domain > 0 else gpus_per_node
+    for tp in (t for t in divisors(gpus) if t <= tp_limit):
+        for cp in divisors(gpus // tp):
+            for pp in divisors(gpus // (tp * cp)):
+                dp = gpus // (tp * cp * pp)
+                for vp in (MEGATRON_VIRTUAL_STAGES if pp > 1 else (1,)):
+                    for mbs in (1, 2, 4):
+                        unit = dp * mbs
+                        for gbs in batch_sizes_for(gbs_values, base, unit * (pp if vp > 1 else 1), unit * pp):
                             for rc in ("none", "full"):
                                 yield ({"train.global_batch_size": gbs} if gbs_values else {}) | {
                                     "parallel.tp": tp, "parallel.sp": tp > 1, "parallel.cp": cp, "parallel.pp": pp,
@@ -197,6 +253,11 @@ def _apply(base: RunSpec, overrides: dict) -> RunSpec:
     for key, value in overrides.items():
         section, name = key.split(".")
         by_section.setdefault(section, {})[name] = value
+    gbs = overrides.get("train.global_batch_size")
+    if gbs is not None and "eval.skip_first" not in overrides:  # the rules derive the skipped evals from the GBS
+        skips = gbs_eval_skips(base, gbs)
+        if skips is not None:
+            by_section.setdefault("eval", {})["skip_first"] = skips
     return dataclasses.replace(base, **{sec: dataclasses.replace(getattr(base, sec), **vals)
                                         for sec, vals in by_section.items()})
 
@@ -218,7 +279,11 @@ def rcp_samples_at(spec: RunSpec, ruleset: str) -> float | None:
     """The olympic mean of the reference convergence points of ``ruleset`` at the spec's GBS,
     interpolated between two RCPs where the GBS has none (pruned RCPs), in samples (gpt3's token counts
     in sequences); None where the ruleset has none for it."""
-    found = rcp_reference_samples(spec.mlperf.benchmark, spec.train.global_batch_size, ruleset)
+    bench, gbs = spec.mlperf.benchmark, spec.train.global_batch_size
+    found = rcp_reference_samples(bench, gbs, ruleset)
+    points = rcp_global_batch_sizes(bench, ruleset)
+    if not found and points and gbs_rate_span(bench)[0] <= gbs < points[0]:
+        found = rcp_reference_samples(bench, points[0], ruleset)  # the checker's reference below the smallest RCP
     if not found:
         return None
     return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
@@ -256,7 +321,8 @@ def plan(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, samples: float 
     if gbs_values and samples:
         raise SpecError("--gbs searches the global batch size with samples to converge from the MLPerf RCPs; "
                         "drop --samples (one sample count cannot hold for every GBS)")
-    if gbs_values:  # each GBS is ranked by the samples its RCP says it converges in: one without RCP cannot be
+    if gbs_values and not isinstance(gbs_values, AcceptedBatchSizes):  # each GBS is ranked by the samples its RCP
+        # says it converges in: one without RCP cannot be
         uncovered = [g for g in gbs_values if rcp_samples(_apply(base, {"train.global_batch_size": g})) is None]
         if uncovered:
             covered = rcp_batch_sizes(base)
@@ -316,24 +382,22 @@ def megatron_tie_break(key):
     return ranked
 
 
-def valid_batch_sizes(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values: list[int] | None,
-                      megatron: bool) -> list[int]:
+def valid_batch_sizes(base: RunSpec, gpus: int, gpus_per_node: int, gbs_values, megatron: bool) -> list[int]:
     """The global batch sizes (of ``gbs_values``, else the spec's) with at least one valid layout on
     ``gpus`` GPUs (validity only: nothing is estimated)."""
     found = set()
-    for gbs in gbs_values or [base.train.global_batch_size]:
-        layouts = megatron_layouts(base, gpus, gpus_per_node, [gbs]) if megatron \
-            else candidate_layouts(base, gpus, gpus_per_node, [gbs])
-        for overrides in layouts:
-            if overrides["train.recompute"] != "none" or overrides["train.micro_batch_size"] != 1:
-                continue  # the most permissive variant of each layout decides
-            spec = _apply(base, overrides)
-            try:
-                if megatron_layout_ok(spec) if megatron else validate_layout(spec, cuda=True) is None:
-                    found.add(gbs)
-                    break
-            except SpecError:
-                continue
+    layouts = megatron_layouts(base, gpus, gpus_per_node, gbs_values) if megatron \
+        else candidate_layouts(base, gpus, gpus_per_node, gbs_values)
+    for overrides in layouts:
+        gbs = overrides.get("train.global_batch_size", base.train.global_batch_size)
+        if gbs in found or overrides["train.recompute"] != "none" or overrides["train.micro_batch_size"] != 1:
+            continue  # the most permissive variant of each layout decides
+        spec = _apply(base, overrides)
+        try:
+            if megatron_layout_ok(spec) if megatron else validate_layout(spec, cuda=True) is None:
+                found.add(gbs)
+        except SpecError:
+            continue
     return sorted(found)
 
 
