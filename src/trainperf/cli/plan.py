@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also search this engine's speed settings, each shown in the table: compile (train.compile), "
                         "fp8 (hardware.fp8=tensorwise), frozen_dtype (LoRA's base in fp8), attention (flash4); "
                         "comma-separated, all, or none (the default: the spec's own)")
+    p.add_argument("--layout", metavar="FIELDS",
+                   help="also price exactly this layout and show where it ranks: comma-separated tp=N,sp,cp=N,pp=N,"
+                        "vp=N (virtual stages per rank, any count the model admits),dp=N (or rep=N,shard=N),mbs=N,"
+                        "gbs=N,recompute=...,schedule=...; --gpus defaults to the GPUs it names")
+    p.add_argument("--layout-from-run", metavar="RUN_ID",
+                   help="the same for the layout of a stored or imported run (its GPUs, layout and GBS)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
     p.add_argument("--memory-headroom", type=float, default=None, metavar="FRACTION", help=HEADROOM_HELP)
     p.add_argument("--calibrate", metavar="GPU_YAML", nargs="?", const="",
@@ -67,6 +73,9 @@ class Ranking:
     oom: list
     measured_note: str | None
     stored: list = dataclasses.field(default_factory=list)  # stored runs at this scale, each with its rank
+    gbs_values: object = None  # the GBS values searched (None: the spec's own)
+    samples: float | None = None
+    named: object = None  # the --layout / --layout-from-run layout, priced (search.NamedLayout)
 
     @property
     def usable_gib(self) -> float:
@@ -93,9 +102,16 @@ def run(args) -> int:
                              "another engine's profile", args.json)
         return calibrate(args)
     try:
+        fields = _named_layout(args)
         base = _resolve_inputs(args)
         gpu, measured_note = _pick_gpu(args)
         ranking = _search(args, base, gpu, measured_note, headroom)
+        if fields is not None:
+            # pricing one named layout is part of the planner, loaded only when one is named
+            from trainperf.plan.search import price_layout
+
+            ranking.named = price_layout(base, gpu, args.gpus, ranking.per_node, fields, ranking.fits, ranking.samples,
+                                         args.objective, ranking.gbs_values, headroom, args.engine != "trainperf")
         ranking.stored = _stored_at_scale(args, gpu, ranking.fits)
     except SpecError as exc:
         return bad_input(str(exc), args.json)
@@ -107,6 +123,56 @@ def run(args) -> int:
         _print_json(args, ranking)
         return EXIT_OK if ranking.fits else EXIT_FAILED
     return _print_table(args, ranking)
+
+
+def _named_layout(args) -> dict | None:
+    """The fields of --layout (or of --layout-from-run's stored run), --gpus set to the GPUs they name when
+    not given; None when neither is asked for. SpecError (one line) before any search."""
+    if args.layout is not None and args.layout_from_run is not None:
+        raise SpecError("--layout and --layout-from-run both name a layout; give one")
+    if args.layout is None and args.layout_from_run is None:
+        return None
+    # the layout parser is part of the planner, loaded only when a layout is named
+    from trainperf.plan.search import layout_world_size, parse_layout
+
+    if args.layout is not None:
+        fields = parse_layout(args.layout)
+        named = layout_world_size(fields)
+    else:
+        fields, named = _stored_run_layout(args)
+    if not args.gpus and named:
+        args.gpus = named
+    elif named and args.gpus != named:
+        raise SpecError(f"the layout names {named} GPUs; --gpus is {args.gpus} (leave --gpus out to plan for {named})")
+    return fields
+
+
+def _stored_run_layout(args) -> tuple[dict, int]:
+    """(the layout fields, GPUs) of --layout-from-run's run in the store; SpecError if there is none."""
+    from trainperf.core.spec import RunSpec
+    from trainperf.plan.search import layout_fields_of
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store
+
+    try:
+        require_existing_store(args.db, "`trainperf run` or `trainperf import`")
+        store = Store(args.db)
+        try:
+            row = store.get_run(args.layout_from_run)
+        finally:
+            store.close()
+    except StoreError as exc:
+        raise SpecError(str(exc)) from None
+    if row is None:
+        raise SpecError(f"--layout-from-run {printable(args.layout_from_run, 40)!r}: no such run in {args.db} "
+                        "(see `trainperf report`)")
+    if args.workload and row["workload"] != args.workload:
+        raise SpecError(f"--layout-from-run: run {printable(args.layout_from_run, 40)} trained "
+                        f"{printable(row['workload'], 40)}, not {printable(args.workload, 40)}")
+    args.workload = args.workload or row["workload"]
+    spec = RunSpec.from_dict(json.loads(row["spec_json"]))
+    return layout_fields_of(spec), int(row["world_size"])
 
 
 def _resolve_inputs(args):
@@ -181,7 +247,8 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     options = _option_sets(args, base, megatron)
     fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
                      options)
-    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
+    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None,
+                   gbs_values=gbs_values, samples=args.samples)
 
 
 def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
@@ -387,8 +454,43 @@ def _print_json(args, ranking: Ranking) -> None:
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
                       "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
                       "hint": _hint(ranking) or None, "stored_at_scale": ranking.stored,
+                      "named_layout": _named_json(ranking.named),
                       "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                      indent=2))
+
+
+def _named_json(named) -> dict | None:
+    if named is None:
+        return None
+    c = named.candidate
+    return {"set": c.set_line, "layout": _layout_fields(c), "step_time_s": c.est.step_time_s,
+            "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "memory_gib": c.est.reserved_gib,
+            "time_to_train_s": c.time_to_train_s, "fits": named.fits, "rank": named.rank, "ranked": named.ranked,
+            "searched": named.searched,
+            "over_best": named.over_best, "time": c.est.time}
+
+
+def _named_line(ranking: Ranking) -> str:
+    """The named layout: its prediction, and where it ranks against the best."""
+    n = ranking.named
+    c = n.candidate
+    p = c.spec.parallel
+    shape = " ".join(x for x in (f"TP{p.tp}" if p.tp > 1 else "", "SP" if p.sp and p.tp > 1 else "",
+                                 f"CP{p.cp}" if p.cp > 1 else "", f"PP{p.pp}" if p.pp > 1 else "",
+                                 f"VP{p.pp_stages_per_rank}" if p.pp > 1 and p.pp_stages_per_rank > 1 else "",
+                                 f"DP{p.dp_replicate * p.dp_shard}", f"MBS {c.spec.train.micro_batch_size}",
+                                 f"GBS {c.spec.train.global_batch_size}") if x)
+    head = (f"named layout {shape}: step {c.est.step_time_s:.3f} s, {c.est.tokens_per_s_per_gpu:,.0f} tokens/s per "
+            f"GPU, {c.est.reserved_gib:.1f} GiB" + (f", time to train {c.time_to_train_s / 60:.2f} min"
+                                                    if c.time_to_train_s else ""))
+    if not n.fits:
+        return f"{head} -- over the {ranking.usable_gib:.1f} GiB this plan allows (not ranked)"
+    if not n.ranked:
+        return f"{head} -- the only layout that fits"
+    what = "time to train" if c.time_to_train_s and ranking.fits[0].time_to_train_s else "time per sample"
+    return (f"{head} -- " + (f"ranked {n.rank} of {n.ranked}" if n.searched else f"would rank {n.rank} of {n.ranked + 1}")
+            + (f", its {what} {100 * n.over_best:+.1f}% against the best's ({ranking.fits[0].id})"
+               if n.over_best is not None and n.rank > 1 else ""))
 
 
 def _layout_fields(c) -> dict:
@@ -452,6 +554,8 @@ def _print_table(args, ranking: Ranking) -> int:
         console.print(ranking.measured_note)
     for line in _stored_lines(ranking):
         console.print(line)
+    if ranking.named is not None:
+        console.print(_named_line(ranking), highlight=False)
     if not fits:
         hint = _hint(ranking)
         console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "

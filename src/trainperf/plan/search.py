@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from trainperf.core.errors import SpecError
+from trainperf.core.untrusted import printable
 from trainperf.core.layout import data_parallel_size, layers_per_stage
 from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, eval_interval_samples, eval_skip_count
 from trainperf.core.validate import validate_layout
@@ -512,3 +513,158 @@ def explain(winner: Candidate, loser: Candidate) -> str:
     term, extra = max(diffs.items(), key=lambda kv: kv[1])
     return (f"{loser.id} is {loser.est.step_time_s - winner.est.step_time_s:+.3f} s/step slower, mostly {term} "
             f"({extra:+.3f} s)")
+
+
+# ---------------------------------------------------------------------------------------------
+# One layout the user names (plan --layout / --layout-from-run), priced and placed in the ranking
+
+# --layout's keys: name -> (the override it sets, its type)
+LAYOUT_KEYS = {"tp": ("parallel.tp", int), "sp": ("parallel.sp", bool), "cp": ("parallel.cp", int),
+               "pp": ("parallel.pp", int), "vp": ("parallel.pp_stages_per_rank", int),
+               "schedule": ("parallel.pp_schedule", str), "dp": (None, int), "rep": ("parallel.dp_replicate", int),
+               "shard": ("parallel.dp_shard", int), "mbs": ("train.micro_batch_size", int),
+               "gbs": ("train.global_batch_size", int), "recompute": ("train.recompute", str)}
+LAYOUT_HELP = ("tp=N,sp,cp=N,pp=N,vp=N (virtual stages per pipeline rank),schedule=GPipe|1F1B|Interleaved1F1B,"
+               "dp=N (or rep=N,shard=N),mbs=N,gbs=N,recompute=none|selective|full")
+MAX_LAYOUT_DEGREE = MAX_GPUS
+
+
+def parse_layout(text: str) -> dict[str, object]:
+    """``tp=4,sp,cp=2,dp=96,mbs=1`` as {key: value} of LAYOUT_KEYS; SpecError (one line) naming the bad item."""
+    fields: dict[str, object] = {}
+    for item in (x.strip() for x in str(text).split(",")):
+        if not item:
+            continue
+        name, eq, value = (s.strip() for s in item.partition("="))
+        name = name.lower()
+        if name not in LAYOUT_KEYS:
+            raise SpecError(f"--layout: {printable(item, 40)!r} is not a layout field; give {LAYOUT_HELP}")
+        if name in fields:
+            raise SpecError(f"--layout: {name} is given twice")
+        kind = LAYOUT_KEYS[name][1]
+        if kind is bool:
+            if eq and value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise SpecError(f"--layout: {name}={printable(value, 20)!r}: give {name} or {name}=true|false")
+            fields[name] = not eq or value.lower() in ("true", "1", "yes")
+        elif kind is int:
+            if not value.isdigit() or not 1 <= int(value) <= MAX_LAYOUT_DEGREE:
+                raise SpecError(f"--layout: {name}={printable(value, 20)!r}: give a whole number 1 to "
+                                f"{MAX_LAYOUT_DEGREE:,}")
+            fields[name] = int(value)
+        else:
+            allowed = PP_SCHEDULES if name == "schedule" else RECOMPUTE_MODES
+            match = next((a for a in allowed if a.lower() == value.lower()), None)
+            if match is None:
+                raise SpecError(f"--layout: {name}={printable(value, 20)!r}: give one of {', '.join(allowed)}")
+            fields[name] = match
+    if not fields:
+        raise SpecError(f"--layout is empty; give {LAYOUT_HELP}")
+    return fields
+
+
+def layout_fields_of(spec: RunSpec) -> dict[str, object]:
+    """A stored run's layout as parse_layout's fields (what --layout-from-run prices)."""
+    p, t = spec.parallel, spec.train
+    return {"tp": p.tp, "sp": p.sp, "cp": p.cp, "pp": p.pp, "vp": p.pp_stages_per_rank or 1,
+            "schedule": p.pp_schedule, "rep": p.dp_replicate, "shard": p.dp_shard, "mbs": t.micro_batch_size,
+            "gbs": t.global_batch_size, "recompute": t.recompute}
+
+
+def layout_world_size(fields: dict) -> int | None:
+    """The GPUs a layout names (tp x cp x pp x dp), None when it leaves the data-parallel size open."""
+    dp = fields.get("dp") or (fields["rep"] * fields["shard"] if "rep" in fields and "shard" in fields else None)
+    return None if dp is None else fields.get("tp", 1) * fields.get("cp", 1) * fields.get("pp", 1) * dp
+
+
+def layout_overrides(fields: dict, gpus: int, megatron: bool) -> dict[str, object]:
+    """The --set values of a named layout on ``gpus`` GPUs (the data-parallel size what the others leave);
+    SpecError when its degrees do not multiply to ``gpus``."""
+    tp, cp, pp = fields.get("tp", 1), fields.get("cp", 1), fields.get("pp", 1)
+    model = tp * cp * pp
+    if gpus % model:
+        raise SpecError(f"--layout: tp x cp x pp = {model} does not divide --gpus {gpus}")
+    named = layout_world_size(fields)
+    if named is not None and named != gpus:
+        raise SpecError(f"--layout names {named} GPUs (tp x cp x pp x dp); --gpus is {gpus}")
+    dp = gpus // model
+    rep = fields.get("rep") or (dp // fields["shard"] if "shard" in fields and dp % fields["shard"] == 0 else 1)
+    if dp % rep or ("shard" in fields and rep * fields["shard"] != dp):
+        raise SpecError(f"--layout: rep x shard must be the data-parallel size {dp}")
+    if megatron and rep != 1:
+        raise SpecError("--layout: a Megatron engine's data parallelism is its distributed optimizer: give dp=N, "
+                        "not rep=")
+    vp = fields.get("vp", 1)
+    schedule = fields.get("schedule") or ("Interleaved1F1B" if vp > 1 else "1F1B")
+    if vp > 1 and schedule != "Interleaved1F1B":
+        raise SpecError(f"--layout: vp={vp} needs schedule=Interleaved1F1B (virtual stages interleave)")
+    out = {"parallel.tp": tp, "parallel.sp": fields.get("sp", tp > 1 and megatron), "parallel.cp": cp,
+           "parallel.pp": pp, "parallel.pp_schedule": schedule if pp > 1 else "1F1B",
+           "parallel.pp_stages_per_rank": vp if pp > 1 and vp > 1 else 0, "parallel.dp_replicate": rep,
+           "parallel.dp_shard": dp // rep, "train.micro_batch_size": fields.get("mbs", 1),
+           "train.recompute": fields.get("recompute", "none")}
+    if "gbs" in fields:
+        out["train.global_batch_size"] = fields["gbs"]
+    return out
+
+
+@dataclass
+class NamedLayout:
+    """A layout the user named, priced: where it would rank among the searched layouts."""
+
+    candidate: Candidate
+    fits: bool  # within the memory the ranking allows
+    rank: int  # the place it would take among the ranked layouts (1 = best)
+    ranked: int
+    over_best: float | None  # its ranking figure (time to train, else step time) against the best's: 0.02 = 2%
+    searched: bool = False  # the search ranked this layout itself (rank is its place there)
+
+
+def price_layout(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, fields: dict, fits: list[Candidate],
+                 samples: float | None = None, objective: str = "time", gbs_values=None, headroom: float = 0.0,
+                 megatron: bool = False) -> NamedLayout:
+    """Price exactly the layout ``fields`` names (any virtual-stage count the model admits, beside the
+    searched ones) and place it among ``fits`` (plan()'s ranking of the same search). Without a gbs field
+    it is priced at each GBS the search tried for its shape and the best is kept. SpecError (one line)
+    for a layout the engine cannot run."""
+    overrides = layout_overrides(fields, gpus, megatron)
+    p_dp = overrides["parallel.dp_replicate"] * overrides["parallel.dp_shard"]
+    step = p_dp * overrides["train.micro_batch_size"]
+    if "train.global_batch_size" in overrides:
+        sizes = [overrides.pop("train.global_batch_size")]
+    else:
+        sizes = batch_sizes_for(gbs_values, base, step)
+    if not sizes or any(g % step for g in sizes):
+        raise SpecError(f"--layout: its data-parallel size {p_dp} x micro-batch {overrides['train.micro_batch_size']} "
+                        f"divides no global batch size searched ({base.train.global_batch_size}"
+                        f"{' and the RCP-accepted ones' if gbs_values else ''}); give gbs=N, a multiple of {step}")
+    priced = []
+    for gbs in sizes:
+        o = ({"train.global_batch_size": gbs} if gbs != base.train.global_batch_size or gbs_values else {}) | overrides
+        spec = _apply(base, o)
+        if megatron:
+            if not megatron_layout_ok(spec):
+                raise SpecError(f"--layout {describe_fields(fields)} at GBS {gbs}: not a layout the engine runs (heads "
+                                "and KV heads over tp, the sequence over 2 x cp, the layers over pp x vp, at least pp "
+                                "micro-batches -- a multiple of pp when interleaved -- and LoRA at mbs=1)")
+        else:
+            validate_layout(spec, cuda=True)  # its own one-line SpecError says what is wrong
+        est = estimate(spec, gpu, gpus_per_node)
+        cand = Candidate(o, spec, est, id="named")
+        n = samples if samples else rcp_samples(spec)
+        if n:
+            cand.time_to_train_s = time_to_train(spec, est, n)
+        priced.append(cand)
+    timed = objective == "time" and all(c.time_to_train_s for c in priced) and all(c.time_to_train_s for c in fits)
+
+    def figure(c: Candidate) -> float:  # what plan() ranks by: time to train, else seconds per sample
+        return c.time_to_train_s if timed else c.est.step_time_s / c.spec.train.global_batch_size
+
+    cand = min(priced, key=figure)
+    found = rank_of(fits, cand.spec)
+    rank = found or 1 + sum(1 for c in fits if figure(c) < figure(cand))
+    return NamedLayout(cand, fits_within(cand.est, gpu, headroom), rank, len(fits),
+                       figure(cand) / figure(fits[0]) - 1 if fits else None, found is not None)
+
+
+def describe_fields(fields: dict) -> str:
+    return ",".join(k if v is True else f"{k}={v}" for k, v in fields.items() if v is not False)
