@@ -446,6 +446,7 @@ def _print_json(args, ranking: Ranking) -> None:
              "step_time_s": c.est.step_time_s,
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
+             "time_to_train_terms_s": _ttt_terms(args, c), "time_to_train_p10_p90_s": _ttt_band(args, c),
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "host_offload_gib": c.est.host_offload_bytes / 2**30,
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
@@ -457,6 +458,32 @@ def _print_json(args, ranking: Ranking) -> None:
                       "named_layout": _named_json(ranking.named),
                       "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                      indent=2))
+
+
+def _samples_for(args, c) -> float | None:
+    """The samples to converge a ranked layout's time to train counts: --samples, else its GBS's RCP mean."""
+    # the RCP lookup is the planner's, loaded only when a plan is printed
+    from trainperf.plan.search import rcp_samples
+
+    return (float(args.samples) if args.samples else rcp_samples(c.spec)) if c.time_to_train_s else None
+
+
+def _ttt_terms(args, c) -> dict | None:
+    """A layout's time to train by term (steps / evals / setup, seconds)."""
+    from trainperf.plan.search import time_to_train_terms
+
+    n = _samples_for(args, c)
+    return time_to_train_terms(c.spec, c.est, n) if n else None
+
+
+def _ttt_band(args, c) -> list[float] | None:
+    """One run's time to train at the 10th and 90th percentile of the RCP's samples to converge (None with
+    --samples or without an RCP)."""
+    from trainperf.plan.search import samples_band, time_to_train
+
+    n = None if args.samples else _samples_for(args, c)
+    band = samples_band(c.spec, n) if n else None
+    return [time_to_train(c.spec, c.est, b) for b in band] if band else None
 
 
 def _named_json(named) -> dict | None:
@@ -516,7 +543,7 @@ def _options_cell(c) -> str:
     return " ".join(cells) or "-"
 
 
-def _layout_cells(c) -> list[str]:
+def _layout_cells(args, c) -> list[str]:
     o = c.overrides
     cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
              str(o["parallel.pp"]), (o["parallel.pp_schedule"] + (f" v{o['parallel.pp_stages_per_rank']}"
@@ -530,7 +557,9 @@ def _layout_cells(c) -> list[str]:
              _options_cell(c), f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
              f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
     if c.time_to_train_s:
-        cells.append(f"{c.time_to_train_s / 60:.1f}")
+        cells.append(f"{c.time_to_train_s / 60:.2f}")
+        band = _ttt_band(args, c)
+        cells.append(f"{band[0] / 60:.2f}-{band[1] / 60:.2f}" if band else "-")
     return cells
 
 
@@ -545,15 +574,21 @@ def _print_table(args, ranking: Ranking) -> int:
                         + (f" ({over} only for the memory headroom)" if over else "")
                         + f" -- memory headroom {100 * ranking.headroom:g}% ({usable:.1f} of {gpu.hbm_gib:g} GiB usable)")
     for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "options", "step s",
-                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min", "p10-p90") if fits and fits[0].time_to_train_s else ()):
         table.add_column(col, justify="right")
     for c in fits[:args.top]:
-        table.add_row(*_layout_cells(c))
+        table.add_row(*_layout_cells(args, c))
     console.print(table)
     if ranking.measured_note:
         console.print(ranking.measured_note)
     for line in _stored_lines(ranking):
         console.print(line)
+    if fits and fits[0].time_to_train_s:
+        terms = _ttt_terms(args, fits[0])
+        console.print(f"{fits[0].id} time to train: steps {terms['steps'] / 60:.2f} min + evals {terms['evals'] / 60:.2f} "
+                      f"min + set-up {terms['setup']:.0f} s" + ("" if args.samples else
+                                                                 "; p10-p90: one run's, from the RCP's spread of samples"),
+                      highlight=False)
     if ranking.named is not None:
         console.print(_named_line(ranking), highlight=False)
     if not fits:

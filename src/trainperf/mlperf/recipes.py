@@ -199,6 +199,9 @@ LLAMA31_405B = ModelSpec(name="llama3.1-405b", vocab_size=128256, hidden_size=16
 LLAMA405_GBS_RANGE = (1, 9216)
 LLAMA405_LR_TABLE = {1152: 8e-5, 2304: 1.6e-4, 4608: 3.2e-4, 9216: 6.4e-4}
 LLAMA405_EVAL_EVERY = 18_432  # v5.1+ (v5.0: 46,080)
+# the v5.0 round evaluated 405B every 46,080 samples and skipped none (its published logs: evals at
+# 46,080 x k from the first); v5.1 moved to 18,432 with FLOOR(0.0026 x GBS + 12) skipped
+ROUND_EVAL_SCHEDULE = {("llama31_405b", "v5.0"): (46_080, 0)}
 LLAMA405_EVAL_ROWS = 5760
 LLAMA405_TARGET = 5.6
 LLAMA405_MAX_STEPS = 1_200_000
@@ -378,6 +381,13 @@ def check_closed_rules(spec: RunSpec, data_rows: dict[str, int] | None = None, a
             if data_rows.get(split) != rows:
                 raise SpecError(f"data.path {spec.data.path!r}: {split} has {data_rows.get(split)} rows; the closed "
                                 f"division's GovReport set has {rows} (use mlperf.division=open for other data)")
+
+
+def apply_round_eval_schedule(spec: RunSpec, round_name: str) -> None:
+    """A published run of an earlier round evaluated at that round's cadence (ROUND_EVAL_SCHEDULE)."""
+    found = ROUND_EVAL_SCHEDULE.get((spec.mlperf.benchmark, round_name))
+    if found:
+        spec.eval.every_samples, spec.eval.skip_first = found
 
 
 def gbs_rate_span(benchmark: str) -> tuple[int, int]:

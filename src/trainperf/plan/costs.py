@@ -60,6 +60,7 @@ class Estimate:
     time: dict[str, float] = field(default_factory=dict)  # seconds per step by term
     step_time_s: float = 0.0
     eval_seconds_per_row: float = 0.0  # forward only, per validation sequence, on one data-parallel rank
+    run_setup_s: float = 0.0  # per run beside its steps and evals (the GPU's run_setup_s)
     tokens_per_s_per_gpu: float = 0.0
     mfu: float = 0.0
     fits: bool = True
@@ -645,7 +646,10 @@ def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micr
     # eval: the forward alone per sequence, pipeline stages in sequence
     fwd_micro = forward_seconds(micro, linear_flops_multiplier(spec)) + (micro.tp + micro.cp) / 3
     # (an engine that pipelines its eval batches through the stages, as Megatron does, pays the stages once)
+    # an eagerly issued eval forward costs the host a fixed time per layer of the stage: the slower sets it
+    fwd_micro = max(fwd_micro, gpu.eval_host_s_per_layer * s.L_rank)
     est.eval_seconds_per_row = fwd_micro / s.b * (1 if gpu.pipelined_eval else s.pp)
+    est.run_setup_s = gpu.run_setup_s
     world = s.dp * s.t * s.c * s.pp
     tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world

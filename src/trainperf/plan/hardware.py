@@ -80,6 +80,13 @@ class GPU(Datasheet):
     # evals: 0 when the engine runs an eval batch through the pipeline stages one after another (this
     # engine), 1 when it pipelines the eval micro-batches (Megatron)
     pipelined_eval: float = 0.0
+    # time to train beside the steps (0 for this engine: not measured; fitted in another engine's profile
+    # to its runs' time outside their steps, plan/engines.py): an eval's forward is issued eagerly (no CUDA
+    # graph), so each micro-batch costs the host this per layer of its stage -- the slower of that and the
+    # GPU's forward sets the eval; and a fixed time per run (set-up inside the clock: the first steps,
+    # the allocator, the first eval's)
+    eval_host_s_per_layer: float = 0.0
+    run_setup_s: float = 0.0
     # how the data-parallel ranks share the model: fsdp2 (this engine: weights, gradients and optimizer
     # states sharded; weights gathered per micro-batch) or distributed_optimizer (Megatron's ZeRO-1:
     # weights whole, gradients reduce-scattered and weights gathered once per step)

@@ -12,7 +12,7 @@ from trainperf.core.layout import data_parallel_size, layers_per_stage
 from trainperf.core.spec import PP_SCHEDULES, RECOMPUTE_MODES, RunSpec, eval_interval_samples, eval_skip_count
 from trainperf.core.validate import validate_layout
 from trainperf.mlperf.recipes import EVAL_ROWS, RCP_RULESET, RCP_UNIT, gbs_eval_skips, gbs_rate_span
-from trainperf.mlperf.score import DEFAULT_RULESET, rcp_global_batch_sizes, rcp_reference_samples
+from trainperf.mlperf.score import DEFAULT_RULESET, captured_logging, rcp_global_batch_sizes, rcp_reference_samples
 from trainperf.plan.costs import Estimate, estimate
 from trainperf.plan.hardware import GPU
 
@@ -290,13 +290,56 @@ def rcp_samples_at(spec: RunSpec, ruleset: str) -> float | None:
     return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
 
 
+# a run's samples to converge between the RCP's 10th and 90th percentiles: mean -/+ this many stdevs
+# (normal, as the RCP checker's t-test takes them)
+P10_P90_Z = 1.2816
+
+
+def rcp_stdev_at(spec: RunSpec, ruleset: str) -> float | None:
+    """The standard deviation of samples to converge (in samples; gpt3's tokens in sequences) of the
+    reference the RCP checker compares this GBS with -- an RCP, the one it interpolates between two
+    (``_create_interp_rcp`` interpolates the stdev as the mean), or below the smallest RCP the
+    smallest; None without one. The same reference rcp_samples_at takes the mean of."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    bench, gbs = spec.mlperf.benchmark, spec.train.global_batch_size
+    if rcp_samples_at(spec, ruleset) is None:
+        return None
+    try:
+        with captured_logging():  # the checker logs what it builds at INFO
+            checker = rcp_checker.RCP_Checker("training", ruleset, bench, False)
+            rec = checker._find_rcp(gbs, "pruned_rcps") or checker._find_rcp(gbs, "full_rcps")
+            if rec is None:
+                lo, hi = checker._find_top_min_rcp(gbs, "pruned_rcps"), checker._find_bottom_max_rcp(gbs, "pruned_rcps")
+                rec = checker._create_interp_rcp(gbs, lo, hi)[1] if lo and hi else checker._find_min_rcp("pruned_rcps")
+    except Exception:  # no RCP file for this benchmark / ruleset
+        return None
+    stdev = float(rec["RCP Stdev"])
+    return stdev / spec.data.seq_len if RCP_UNIT.get(bench) == "tokens" else stdev
+
+
+def samples_band(spec: RunSpec, samples: float, ruleset: str | None = None) -> tuple[float, float] | None:
+    """(p10, p90) of one run's samples to converge around ``samples`` (the RCP mean) from the RCP's
+    spread; None without an RCP."""
+    sd = rcp_stdev_at(spec, ruleset or rcp_ruleset(spec.mlperf.benchmark))
+    if sd is None:
+        return None
+    return max(spec.train.global_batch_size, samples - P10_P90_Z * sd), samples + P10_P90_Z * sd
+
+
 def time_to_train(spec: RunSpec, est, samples: float) -> float:
-    """Training steps to ``samples`` plus the evals on the way: evals run every interval after the
-    skipped ones, each over the validation rows split across the data-parallel ranks."""
-    train_s = samples / spec.train.global_batch_size * est.step_time_s
+    """What MLPerf times from run_start to run_stop: the training steps to ``samples``, the evals on the way
+    (every interval after the skipped ones, each over the validation rows split across the data-parallel
+    ranks) and the run's set-up inside the clock (time_to_train_terms)."""
+    return sum(time_to_train_terms(spec, est, samples).values())
+
+
+def time_to_train_terms(spec: RunSpec, est, samples: float) -> dict[str, float]:
+    """time_to_train's seconds by term: steps, evals, setup (what a measured run splits into too)."""
     rows = spec.data.eval_samples or EVAL_ROWS.get(spec.mlperf.benchmark, 0)
     per_eval = math.ceil(rows / data_parallel_size(spec.parallel)) * est.eval_seconds_per_row
-    return train_s + evals_to(spec, samples) * per_eval
+    return {"steps": samples / spec.train.global_batch_size * est.step_time_s,
+            "evals": evals_to(spec, samples) * per_eval, "setup": getattr(est, "run_setup_s", 0.0)}
 
 
 def evals_to(spec: RunSpec, samples: float) -> int:
