@@ -154,7 +154,8 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
             continue
         software = json.loads(r.row["software_json"])
         system = Path(r.path).parents[1].name
-        if (system, r.row["workload"]) in calib_keys or "H100" not in pt.gpu.name and "H200" not in pt.gpu.name:
+        if (system, r.row["workload"]) in calib_keys or not any(g in pt.gpu.name for g in ("H100", "H200", "B200", "GB200",
+                                                                                         "GB300")):
             continue
         key = (software["round"], software["org"], system, r.row["workload"])
         groups.setdefault(key, []).append((pt, r))
@@ -168,8 +169,9 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
         ttt = tf["predicted_min"]
         published_min, basis = published_minutes(members, rnd)
         gpus = Layout.of(point.spec.parallel).world_size
+        blackwell = "H100" not in point.gpu.name and "H200" not in point.gpu.name
         rank, total, gap = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node \
-            else (None, 0, None)
+            and not blackwell else (None, 0, None)
         rows.append({"label": f"{bench}@{gpus} {rnd} {org} {system}", "layout": point.label.split(" ", 1)[1],
                      "engine": engine_of, "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu,
@@ -177,8 +179,26 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
                      "published_min": published_min, "minutes_basis": basis, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
                      "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap,
-                     "step_s": est.step_time_s, **{k: tf[k] for k in ("evals", "terms", "band")}})
+                     "step_s": est.step_time_s, **{k: tf[k] for k in ("evals", "terms", "band")},
+                     "blackwell": blackwell, "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib})
     return rows
+
+
+def print_blackwell(rows: list[dict]) -> None:
+    """Blackwell configurations, predicted by the Hopper-fitted profile on the GPU's datasheet preset (no
+    Blackwell point is fitted on): tokens/s per GPU and memory against the GPU's."""
+    if not rows:
+        return
+    print("\nBlackwell (no Blackwell point fitted; datasheet presets)\n")
+    print("| published configuration | layout | published tok/s/GPU | predicted | error | predicted GiB |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {r['layout']} | {r['published_tps']:,.0f} | {r['predicted_tps']:,.0f} | "
+              f"{100 * r['tps_error']:+.1f}% | {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} |")
+    tps = [abs(r["tps_error"]) for r in rows]
+    print(f"\nBlackwell configurations: {len(rows)}; tokens/s per GPU median |error| {100 * statistics.median(tps):.1f}%, "
+          f"max {100 * max(tps):.1f}%; predicted slow: {sum(1 for r in rows if r['tps_error'] < 0)}; predicted over "
+          f"the GPU's memory: {sum(1 for r in rows if r['peak_gib'] > r['hbm_gib'])}")
 
 
 def print_check_rows(rows: list[dict]) -> None:
@@ -281,9 +301,11 @@ def main() -> int:
         calib_points = [grouped[lab] for lab in calib_labels]
         checked = check_rows(args.check, args.engine, args.check_engines, set(calib.keys()), calib_points,
                              args.memory_headroom)
-        print_check_rows(checked)
+        hopper = [r for r in checked if not r["blackwell"]]
+        print_check_rows(hopper)
         print(f"\nprofile of all calibration points: {fit_profile(args.engine, calib_points).to_dict()}")
-        print_ttt_table(checked, "Time to train of every checked configuration (never fitted on), by GPU count")
+        print_ttt_table(hopper, "Time to train of every checked H100 / H200 configuration (never fitted on), by GPU count")
+        print_blackwell([r for r in checked if r["blackwell"]])
         if args.eval_cost_probe:
             eval_cost_probe([r for r in rows if r["held_out"] != "not fitted"], checked)
     return 0

@@ -226,7 +226,7 @@ def _pick_gpu(args):
         profile = load_profile(store, args.engine)
     finally:
         store.close()
-    fitted = ", ".join(f"{k}={v:.3g}" for k, v in profile.factors.items())
+    fitted = ", ".join(f"{k}={v:.3g}" for k, v in (profile.factors | profile.time_terms).items())
     return apply_profile(gpu, profile), "; ".join(x for x in (note, f"engine {args.engine}: profile fitted to "
                                                               f"{len(profile.fitted_on)} stored configurations ({fitted})") if x)
 

@@ -283,8 +283,11 @@ def rcp_samples_at(spec: RunSpec, ruleset: str) -> float | None:
     bench, gbs = spec.mlperf.benchmark, spec.train.global_batch_size
     found = rcp_reference_samples(bench, gbs, ruleset)
     points = rcp_global_batch_sizes(bench, ruleset)
-    if not found and points and gbs_rate_span(bench)[0] <= gbs < points[0]:
-        found = rcp_reference_samples(bench, points[0], ruleset)  # the checker's reference below the smallest RCP
+    if not found and points and gbs_rate_span(bench)[0] <= gbs < points[-1]:
+        # below the smallest RCP the checker kept (pruning may drop smaller ones: 405B's 1008 in 5.0.0), the
+        # checker compares with that smallest one
+        kept = (rcp_reference_samples(bench, p, ruleset) for p in points if p > gbs)
+        found = next((r for r in kept if r and r[1].startswith("rcp ") and not r[1].endswith("(pruned)")), None)
     if not found:
         return None
     return found[0] / spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else found[0]
