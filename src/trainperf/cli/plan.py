@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(gpus, 8))")
     p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200, a cluster preset (h100-sxm | h200-sxm | "
-                                                 "h200-nvl | b200-sxm: NIC and NVLink domain) or a YAML file of GPU fields")
+                                                 "h200-nvl | b200-sxm | gb200 | gb300: NIC and NVLink domain) or a YAML "
+                                                 "file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
