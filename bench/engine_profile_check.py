@@ -18,6 +18,10 @@ engine (``--check-engines all``: of any engine) that is not a calibration point 
 profile of all calibration points and reported in a second table, one row per round, submitter,
 system and benchmark; its time to train is its MLPerf score (olympic mean of its runs, RCP-scaled, as
 `trainperf score` computes it under the round's rules), else the median of its successful runs.
+Each table is followed by one of time to train by GPU count: the published score against the planner's,
+split into steps, evals and the run's set-up (the profile's fitted time terms), with one run's p10-p90
+from the RCP's spread, and the median / max error at 256+ GPUs. Blackwell configurations (B200, GB200,
+GB300) found by ``--check`` are predicted by the same Hopper-fitted profile in a section of their own.
 ``--eval-cost-probe`` then fits a fixed cost per run and per eval to the calibration points' scores and
 shows what it would do to those times to train (a candidate term, not in the model).
 """

@@ -150,7 +150,10 @@ def _named_layout(args) -> dict | None:
 
 def _stored_run_layout(args) -> tuple[dict, int]:
     """(the layout fields, GPUs) of --layout-from-run's run in the store; SpecError if there is none."""
+    # the stored run's spec is read only when a run's layout is named
     from trainperf.core.spec import RunSpec
+
+    # (the planner's reader of a spec's layout)
     from trainperf.plan.search import layout_fields_of
 
     # the store (and sqlite3) loads only when a command runs, not for --help
@@ -471,6 +474,7 @@ def _samples_for(args, c) -> float | None:
 
 def _ttt_terms(args, c) -> dict | None:
     """A layout's time to train by term (steps / evals / setup, seconds)."""
+    # the planner's split of the time, loaded only when a plan is printed
     from trainperf.plan.search import time_to_train_terms
 
     n = _samples_for(args, c)
@@ -480,6 +484,7 @@ def _ttt_terms(args, c) -> dict | None:
 def _ttt_band(args, c) -> list[float] | None:
     """One run's time to train at the 10th and 90th percentile of the RCP's samples to converge (None with
     --samples or without an RCP)."""
+    # the RCP's spread is the planner's, loaded only when a plan is printed
     from trainperf.plan.search import samples_band, time_to_train
 
     n = None if args.samples else _samples_for(args, c)

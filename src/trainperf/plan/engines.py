@@ -58,15 +58,15 @@ FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown"
 FP8_GEMM_GRID = "h200"
 FP8_GRID_GPUS = ("H100", "H200")  # GH100 parts; a B200 (other SMs, other tiles) keeps the flat rate
 # time to train beside the steps, fitted to the points' runs after the rates (their time outside their
-# steps: the run's time less its samples' steps at its measured step time): name -> (meaning, start, lower,
-# upper). No fixed cost per eval: a few evals per calibration run cannot tell one from the run's set-up
+# steps: the run's time less its samples' steps at its measured step time): name -> meaning. No fixed
+# cost per eval: a few evals per calibration run cannot tell one from the run's set-up
 # (fitted together they trade 1:5), and a fixed cost per eval multiplies where evals are many and short
 # (70B at 1,024 GPUs: 12 evals of 2 rows per rank)
-TIME_TERMS: dict[str, tuple[str, float, float, float]] = {
-    "eval_host_s_per_layer": ("host seconds per layer of a stage an eval micro-batch's eager forward costs (the "
-                              "slower of it and the GPU's forward sets the eval)", 10e-3, 0.0, 0.05),
-    "run_setup_s": ("seconds a run spends inside the clock beside its steps and evals (first steps, allocator, "
-                    "the first eval's set-up)", 5.0, 0.0, 600.0),
+TIME_TERMS: dict[str, str] = {
+    "eval_host_s_per_layer": "host seconds per layer of a stage an eval micro-batch's eager forward costs (the "
+                             "slower of it and the GPU's forward sets the eval)",
+    "run_setup_s": "seconds a run spends inside the clock beside its steps and evals (first steps, allocator, "
+                   "the first eval's set-up)",
 }
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
@@ -82,7 +82,7 @@ class EngineProfile:
         if not self.factors:
             return [f"{self.name}: this engine's own rates (the GPU presets, from its benches)"]
         return [f"{k:15s} {v:8.3f}  {FACTORS[k][0]}" for k, v in self.factors.items()] \
-            + [f"{k:15s} {v:8.4g}  {TIME_TERMS[k][0]}" for k, v in self.time_terms.items()]
+            + [f"{k:15s} {v:8.4g}  {TIME_TERMS[k]}" for k, v in self.time_terms.items()]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "factors": dict(self.factors), "time_terms": dict(self.time_terms),
@@ -193,10 +193,10 @@ def fit_profile(name: str, points: list[EngineRun]) -> EngineProfile:
     return dataclasses.replace(rates, time_terms=fit_time_terms(rates, points))
 
 
-def outside_steps(p: EngineRun) -> tuple[float, float, dict] | None:
-    """(seconds the run spent outside its steps, its samples in sequences, the shape the eval model needs) of
-    a point's run: its time to train less its samples' steps at its measured step time; None without them."""
-    # the cost model and the eval count are the planner's, which import this module's GPU type only
+def outside_steps(p: EngineRun) -> tuple[float, float] | None:
+    """(seconds the run spent outside its steps, its samples in sequences) of a point's run: its time to
+    train less its samples' steps at its measured step time; None without them."""
+    # what the RCPs count progress in is the rules' (mlperf.recipes)
     from trainperf.mlperf.recipes import RCP_UNIT
 
     if not p.time_to_train_s or not p.samples_to_target:
@@ -205,7 +205,7 @@ def outside_steps(p: EngineRun) -> tuple[float, float, dict] | None:
     samples = p.samples_to_target / (spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else 1)
     gpus = spec.parallel.tp * spec.parallel.cp * spec.parallel.pp * spec.parallel.dp_replicate * spec.parallel.dp_shard
     step = spec.train.global_batch_size * spec.data.seq_len / (p.tokens_per_s_per_gpu * gpus)
-    return p.time_to_train_s - samples / spec.train.global_batch_size * step, samples, {}
+    return p.time_to_train_s - samples / spec.train.global_batch_size * step, samples
 
 
 def fit_time_terms(rates: EngineProfile, points: list[EngineRun]) -> dict[str, float]:
@@ -214,9 +214,13 @@ def fit_time_terms(rates: EngineProfile, points: list[EngineRun]) -> dict[str, f
     leave (a median: one run whose steps vary, slow blocks no eval explains, must not set it for all,
     and no run's set-up is negative); the grid value with the least squared error, as shares of each
     run's time to train, is kept. {} when fewer than MIN_RUN_GROUPS points have a time to train."""
-    # the cost model and the eval count are the planner's
+    # the data-parallel size of a layout is the core's
     from trainperf.core.layout import data_parallel_size
+
+    # the validation rows of each benchmark are the rules' (mlperf.recipes)
     from trainperf.mlperf.recipes import EVAL_ROWS
+
+    # the cost model and the eval count are the planner's
     from trainperf.plan.costs import estimate
     from trainperf.plan.search import evals_to
 
@@ -225,7 +229,7 @@ def fit_time_terms(rates: EngineProfile, points: list[EngineRun]) -> dict[str, f
         found = outside_steps(p)
         if found is None:
             continue
-        outside, samples, _ = found
+        outside, samples = found
         spec = p.spec
         est = estimate(spec, apply_profile(p.gpu, rates), p.gpus_per_node)  # the GPU's eval forward, no host term
         per_rank = math.ceil((spec.data.eval_samples or EVAL_ROWS.get(spec.mlperf.benchmark, 0))
