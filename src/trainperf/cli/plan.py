@@ -268,7 +268,7 @@ def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
     from trainperf.plan.hardware import preset_for_device
 
     # (the planner's ranking functions)
-    from trainperf.plan.search import layout_signature, rank_of
+    from trainperf.plan.search import layout_signature, over_best, rank_of
 
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import Store, StoreError
@@ -297,8 +297,15 @@ def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
         out.append({"layout": row["layout"], "global_batch_size": spec.train.global_batch_size, "runs": len(members),
                     "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"], "rank": rank, "ranked": len(fits),
                     "predicted_tokens_per_s_per_gpu": cand.est.tokens_per_s_per_gpu if cand else None,
-                    "step_over_best": cand.est.step_time_s / fits[0].est.step_time_s - 1 if cand else None})
+                    "step_over_best": cand.est.step_time_s / fits[0].est.step_time_s - 1 if cand else None,
+                    "over_best": over_best(cand, fits[0]) if cand else None})
     return sorted(out, key=lambda e: (e["rank"] is None, e["rank"] or 0))
+
+
+def _figure_name(fits: list) -> str:
+    """What a ranking compares layouts by: time to train where it has one, else time per sample (a step
+    of another GBS is not comparable)."""
+    return "time to train" if fits and fits[0].time_to_train_s else "time per sample"
 
 
 def _stored_lines(ranking: Ranking) -> list[str]:
@@ -313,7 +320,8 @@ def _stored_lines(ranking: Ranking) -> list[str]:
         else:
             pred = e["predicted_tokens_per_s_per_gpu"]
             lines.append(f"{head} -- ranked {e['rank']} of {e['ranked']}"
-                         + (f", its step {100 * e['step_over_best']:+.1f}% over the best's" if e["rank"] > 1 else "")
+                         + (f", its {_figure_name(ranking.fits)} {100 * e['over_best']:+.1f}% over the best's"
+                            if e["rank"] > 1 else "")
                          + f"; predicted {pred:,.0f} ({100 * (pred / e['tokens_per_s_per_gpu'] - 1):+.1f}%)")
     return lines
 

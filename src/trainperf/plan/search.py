@@ -712,5 +712,13 @@ def price_layout(base: RunSpec, gpu: GPU, gpus: int, gpus_per_node: int, fields:
                        figure(cand) / figure(fits[0]) - 1 if fits else None, found is not None)
 
 
+def over_best(c: Candidate, best: Candidate) -> float:
+    """How much longer ``c``'s ranking figure is than ``best``'s (0.02: 2%): time to train where both have
+    one, else time per sample -- a step of another GBS is not comparable."""
+    if c.time_to_train_s and best.time_to_train_s:
+        return c.time_to_train_s / best.time_to_train_s - 1
+    return (c.est.step_time_s / c.spec.train.global_batch_size) / (best.est.step_time_s / best.spec.train.global_batch_size) - 1
+
+
 def describe_fields(fields: dict) -> str:
     return ",".join(k if v is True else f"{k}={v}" for k, v in fields.items() if v is not False)
