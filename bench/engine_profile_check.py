@@ -18,6 +18,10 @@ engine (``--check-engines all``: of any engine) that is not a calibration point 
 profile of all calibration points and reported in a second table, one row per round, submitter,
 system and benchmark; its time to train is its MLPerf score (olympic mean of its runs, RCP-scaled, as
 `trainperf score` computes it under the round's rules), else the median of its successful runs.
+Each table is followed by one of time to train by GPU count: the published score against the planner's,
+split into steps, evals and the run's set-up (the profile's fitted time terms), with one run's p10-p90
+from the RCP's spread, and the median / max error at 256+ GPUs. Blackwell configurations (B200, GB200,
+GB300) found by ``--check`` are predicted by the same Hopper-fitted profile in a section of their own.
 ``--eval-cost-probe`` then fits a fixed cost per run and per eval to the calibration points' scores and
 shows what it would do to those times to train (a candidate term, not in the model).
 """
@@ -36,7 +40,8 @@ from trainperf.core.layout import Layout
 from trainperf.mlperf.published import read_submissions, ruleset_of_round
 from trainperf.plan.engines import apply_profile, engine_run_from_row, fit_profile, group_points
 from trainperf.plan.costs import estimate
-from trainperf.plan.search import evals_to, plan, rank_of, rcp_samples_at, time_to_train
+from trainperf.plan.search import (P10_P90_Z, evals_to, plan, rank_of, rcp_samples_at, rcp_stdev_at, time_to_train,
+                                   time_to_train_terms)
 
 
 def calibration_scores(csv_path: Path) -> dict[tuple[str, str], float]:
@@ -56,6 +61,39 @@ def published_rank(point, gpu, megatron_ok=True, headroom: float = 0.0) -> tuple
     rank = rank_of(fits, spec)
     return (rank, len(fits), fits[rank - 1].est.step_time_s / fits[0].est.step_time_s - 1) if rank \
         else (None, len(fits), None)
+
+
+def ttt_fields(spec, est, ruleset: str) -> dict:
+    """The planner's time to train of a configuration under ``ruleset``'s RCPs: minutes, its terms (steps /
+    evals / set-up, minutes) and one run's p10-p90 band (minutes) from the RCP's spread."""
+    samples = rcp_samples_at(spec, ruleset)
+    if not samples:
+        return {"predicted_min": None, "terms": None, "band": None, "evals": 0}
+    sd = rcp_stdev_at(spec, ruleset) or 0.0
+    band = [time_to_train(spec, est, max(spec.train.global_batch_size, samples + z * sd)) / 60
+            for z in (-P10_P90_Z, P10_P90_Z)]
+    return {"predicted_min": time_to_train(spec, est, samples) / 60, "evals": evals_to(spec, samples), "band": band,
+            "terms": {k: v / 60 for k, v in time_to_train_terms(spec, est, samples).items()}}
+
+
+def print_ttt_table(rows: list[dict], title: str) -> None:
+    """Time to train per configuration by GPU count: published against predicted, with the predicted terms."""
+    print(f"\n{title}\n")
+    print("| configuration | GPUs | published score, min | predicted min (one run's p10-p90) | error | steps min | "
+          "evals (n) min | set-up s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: (r["label"].split("@")[0], int(r["label"].split("@")[1].split()[0]), r["label"])):
+        if not r.get("terms"):
+            continue
+        t, b = r["terms"], r["band"]
+        print(f"| {r['label']} | {r['label'].split('@')[1].split()[0]} | {r['published_min']:.2f} | "
+              f"{r['predicted_min']:.2f} ({b[0]:.2f}-{b[1]:.2f}) | {100 * r['ttt_error']:+.1f}% | {t['steps']:.2f} | "
+              f"{t['evals']:.2f} ({r['evals']}) | {60 * t['setup']:.0f} |")
+    big = [abs(r["ttt_error"]) for r in rows if r["ttt_error"] is not None
+           and int(r["label"].split("@")[1].split()[0]) >= 256]
+    if big:
+        print(f"\nat 256+ GPUs: {len(big)} configurations, time to train median |error| {100 * statistics.median(big):.1f}%, "
+              f"max {100 * max(big):.1f}%")
 
 
 def rank_text(r: dict) -> str:
@@ -120,7 +158,8 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
             continue
         software = json.loads(r.row["software_json"])
         system = Path(r.path).parents[1].name
-        if (system, r.row["workload"]) in calib_keys or "H100" not in pt.gpu.name and "H200" not in pt.gpu.name:
+        if (system, r.row["workload"]) in calib_keys or not any(g in pt.gpu.name for g in ("H100", "H200", "B200", "GB200",
+                                                                                         "GB300")):
             continue
         key = (software["round"], software["org"], system, r.row["workload"])
         groups.setdefault(key, []).append((pt, r))
@@ -130,12 +169,13 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
         engine_of = members[0][1].engine
         gpu = apply_profile(point.gpu, profile)
         est = estimate(point.spec, gpu, point.gpus_per_node)
-        samples = rcp_samples_at(point.spec, ruleset_of_round(rnd))
-        ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
+        tf = ttt_fields(point.spec, est, ruleset_of_round(rnd))
+        ttt = tf["predicted_min"]
         published_min, basis = published_minutes(members, rnd)
         gpus = Layout.of(point.spec.parallel).world_size
+        blackwell = "H100" not in point.gpu.name and "H200" not in point.gpu.name
         rank, total, gap = published_rank(point, gpu, headroom=headroom) if gpus > point.gpus_per_node \
-            else (None, 0, None)
+            and not blackwell else (None, 0, None)
         rows.append({"label": f"{bench}@{gpus} {rnd} {org} {system}", "layout": point.label.split(" ", 1)[1],
                      "engine": engine_of, "published_tps": point.tokens_per_s_per_gpu,
                      "predicted_tps": est.tokens_per_s_per_gpu,
@@ -143,8 +183,26 @@ def check_rows(dirs: list[str], engine: str, engines: str, calib_keys: set, cali
                      "published_min": published_min, "minutes_basis": basis, "predicted_min": ttt,
                      "ttt_error": (ttt / published_min - 1) if ttt and published_min else None,
                      "multi_node": gpus > point.gpus_per_node, "rank": rank, "layouts": total, "gap": gap,
-                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples) if samples else 0})
+                     "step_s": est.step_time_s, **{k: tf[k] for k in ("evals", "terms", "band")},
+                     "blackwell": blackwell, "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib})
     return rows
+
+
+def print_blackwell(rows: list[dict]) -> None:
+    """Blackwell configurations, predicted by the Hopper-fitted profile on the GPU's datasheet preset (no
+    Blackwell point is fitted on): tokens/s per GPU and memory against the GPU's."""
+    if not rows:
+        return
+    print("\nBlackwell (no Blackwell point fitted; datasheet presets)\n")
+    print("| published configuration | layout | published tok/s/GPU | predicted | error | predicted GiB |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {r['layout']} | {r['published_tps']:,.0f} | {r['predicted_tps']:,.0f} | "
+              f"{100 * r['tps_error']:+.1f}% | {r['peak_gib']:.1f} of {r['hbm_gib']:.0f} |")
+    tps = [abs(r["tps_error"]) for r in rows]
+    print(f"\nBlackwell configurations: {len(rows)}; tokens/s per GPU median |error| {100 * statistics.median(tps):.1f}%, "
+          f"max {100 * max(tps):.1f}%; predicted slow: {sum(1 for r in rows if r['tps_error'] < 0)}; predicted over "
+          f"the GPU's memory: {sum(1 for r in rows if r['peak_gib'] > r['hbm_gib'])}")
 
 
 def print_check_rows(rows: list[dict]) -> None:
@@ -212,8 +270,8 @@ def main() -> int:
         profile = fit_profile(args.engine, fit_on)
         gpu = apply_profile(point.gpu, profile)
         est = estimate(point.spec, gpu, point.gpus_per_node)
-        samples = rcp_samples_at(point.spec, ruleset_of_round(rounds[label]))  # the run's own round's rules
-        ttt = time_to_train(point.spec, est, samples) / 60 if samples else None
+        tf = ttt_fields(point.spec, est, ruleset_of_round(rounds[label]))  # the run's own round's rules
+        ttt = tf["predicted_min"]
         rank, total, gap = (None, 0, None) if args.no_rank else published_rank(point, gpu, headroom=args.memory_headroom)
         rows.append({"label": label, "held_out": "calibration point, left out" if label in calib_labels else "not fitted",
                      "fit_on": len(fit_on), "published_tps": point.tokens_per_s_per_gpu,
@@ -221,7 +279,8 @@ def main() -> int:
                      "published_min": minutes[label], "predicted_min": ttt,
                      "ttt_error": (ttt / minutes[label] - 1) if ttt else None, "rank": rank, "layouts": total, "gap": gap,
                      "peak_gib": est.reserved_gib, "hbm_gib": point.gpu.hbm_gib,
-                     "step_s": est.step_time_s, "evals": evals_to(point.spec, samples) if samples else 0})
+                     "step_s": est.step_time_s, "time_terms": profile.time_terms,
+                     **{k: tf[k] for k in ("evals", "terms", "band")}})
     print("| configuration (engine " + args.engine + ") | predicted by | published tok/s/GPU | predicted | error | "
           "published score, min | predicted min | error | published layout's rank | predicted GiB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -239,11 +298,18 @@ def main() -> int:
           + (f"{100 * statistics.median(tt):.1f}%, max {100 * max(tt):.1f}%" if tt else "-")
           + (f"; published layout in the top 3: {sum(1 for r in rows if r['rank'] and r['rank'] <= 3)} of {len(rows)}"
              if not args.no_rank else ""))
+    print("\ntime terms fitted (leave one out): " + "; ".join(
+        f"{r['label'].split(' ')[0]}: " + ", ".join(f"{k} {v:.4g}" for k, v in r["time_terms"].items()) for r in rows))
+    print_ttt_table(rows, "Time to train of the calibration points, each predicted by the profile of the other five")
     if args.check:
         calib_points = [grouped[lab] for lab in calib_labels]
         checked = check_rows(args.check, args.engine, args.check_engines, set(calib.keys()), calib_points,
                              args.memory_headroom)
-        print_check_rows(checked)
+        hopper = [r for r in checked if not r["blackwell"]]
+        print_check_rows(hopper)
+        print(f"\nprofile of all calibration points: {fit_profile(args.engine, calib_points).to_dict()}")
+        print_ttt_table(hopper, "Time to train of every checked H100 / H200 configuration (never fitted on), by GPU count")
+        print_blackwell([r for r in checked if r["blackwell"]])
         if args.eval_cost_probe:
             eval_cost_probe([r for r in rows if r["held_out"] != "not fitted"], checked)
     return 0

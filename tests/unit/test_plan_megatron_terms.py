@@ -87,11 +87,26 @@ def test_fp8_activation_storage_saves_a_byte_per_up_projection_output():
     spec.hardware.fp8, spec.hardware.frozen_dtype = "none", "bf16"
     assert megatron_activation_bytes_per_token_layer(spec, fp8_mlp_outputs=True) == \
         megatron_activation_bytes_per_token_layer(spec)  # only an FP8 run stores FP8
-    # NVIDIA's 8 x H200 layout (CP2 x DP4, FP8 activations) fits the 139 GiB it ran in
-    h200 = _nemo_gpu("h200")
+    # NVIDIA's 8 x H200 layout (CP2 x DP4, FP8 activations) fits the 139 GiB it ran in, and DP8 on 8 x B200
+    # (seven submitters, v5.0) the 178 GiB
+    h200, b200 = _nemo_gpu("h200"), _nemo_gpu("b200")
     assert estimate(_lora_70b(cp=2, dp=4), h200, 8).reserved_gib < h200.hbm_gib
-    assert estimate(_lora_70b(cp=2, dp=4), dataclasses.replace(h200, fp8_activation_storage=0.0), 8).reserved_gib \
-        > h200.hbm_gib
+    assert estimate(_lora_70b(dp=8), b200, 8).reserved_gib < b200.hbm_gib
+
+
+def test_frozen_gemms_keep_no_input_and_adapters_keep_their_own():
+    """Transformer Engine saves a linear's input only for its weight gradient: a LoRA run's frozen GEMMs
+    keep none; an adapter keeps a bf16 copy of its GEMM's input (o_proj's is the attention output, kept)."""
+    lora = _lora_70b(tp=1, dp=8)  # adapters on qkv_proj and o_proj, FP8 GEMMs
+    full = dataclasses.replace(lora, lora=dataclasses.replace(lora.lora, rank=0))
+    m = lora.model
+    h, f, q = m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim
+    # fully trained: qkv, o, fc1, fc2 inputs at a byte each; LoRA: qkv's adapter copy at two, the rest none
+    assert megatron_activation_bytes_per_token_layer(full) - megatron_activation_bytes_per_token_layer(lora) \
+        == pytest.approx((h + q + h + f) - 2 * h)
+    mlp_adapted = dataclasses.replace(lora, lora=dataclasses.replace(lora.lora, target_modules=["down_proj"]))
+    assert megatron_activation_bytes_per_token_layer(mlp_adapted) - megatron_activation_bytes_per_token_layer(lora) \
+        == pytest.approx(2 * f - 2 * h)  # down_proj's adapter copy instead of qkv's
 
 
 def test_embedding_and_loss_count_as_pipeline_layers_when_the_layers_alone_do_not_split():

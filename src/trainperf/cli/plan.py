@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK, SpecError, bad_input
 from trainperf.cli.options import HEADROOM_HELP, add_common, memory_headroom
+from trainperf.core.untrusted import finite_number, printable
 from trainperf.core.layout import layers_per_stage
 
 HELP = "rank every layout for N GPUs by predicted time (no GPU needed)"
@@ -25,24 +26,32 @@ DESCRIPTION = ("Top-down estimate of memory, communication and step time for eve
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="", help="workload name (see `trainperf workloads`; not with --calibrate)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs in the job (required unless --calibrate)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: min(gpus, 8))")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: min(gpus, 8))")
     p.add_argument("--gpu", default="h200", help="h100 | h200 | a100 | b200, a cluster preset (h100-sxm | h200-sxm | "
-                                                 "h200-nvl | b200-sxm: NIC and NVLink domain) or a YAML file of GPU fields")
+                                                 "h200-nvl | b200-sxm | gb200 | gb300: NIC and NVLink domain) or a YAML "
+                                                 "file of GPU fields")
     p.add_argument("--config", help="YAML or TOML file of section: {key: value} overrides")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--top", type=int, default=10, help="how many ranked layouts to show (default 10)")
     p.add_argument("--objective", choices=["time", "throughput"], default="time",
                    help="rank by time to train (needs --samples or an MLPerf RCP) or by tokens/s")
-    p.add_argument("--samples", type=float, help="samples to converge (default: the MLPerf RCP mean, if any)")
+    p.add_argument("--samples", help="samples to converge (default: the MLPerf RCP mean, if any)")
     p.add_argument("--datasheet", action="store_true",
                    help="use the GPU preset as is, not the figures the newest `trainperf preflight` of this GPU measured")
     p.add_argument("--gbs", metavar="LIST|rcp",
-                   help="also search the global batch size: comma-separated values, or `rcp` for the GBS values "
-                        "the benchmark's RCPs cover (samples to converge from the RCPs, interpolated)")
+                   help="also search the global batch size: comma-separated values, or `rcp` for every GBS the "
+                        "benchmark's RCP checker accepts (its RCPs, between two interpolated, below the smallest "
+                        "against it; samples to converge as the checker computes them)")
     p.add_argument("--options", metavar="LIST|all|none", default="none",
                    help="also search this engine's speed settings, each shown in the table: compile (train.compile), "
                         "fp8 (hardware.fp8=tensorwise), frozen_dtype (LoRA's base in fp8), attention (flash4); "
                         "comma-separated, all, or none (the default: the spec's own)")
+    p.add_argument("--layout", metavar="FIELDS",
+                   help="also price exactly this layout and show where it ranks: comma-separated tp=N,sp,cp=N,pp=N,"
+                        "vp=N (virtual stages per rank, any count the model admits),dp=N (or rep=N,shard=N),mbs=N,"
+                        "gbs=N,recompute=...,schedule=...; --gpus defaults to the GPUs it names")
+    p.add_argument("--layout-from-run", metavar="RUN_ID",
+                   help="the same for the layout of a stored or imported run (its GPUs, layout and GBS)")
     p.add_argument("--explain", action="store_true", help="say which term makes each runner-up slower")
     p.add_argument("--memory-headroom", type=float, default=None, metavar="FRACTION", help=HEADROOM_HELP)
     p.add_argument("--calibrate", metavar="GPU_YAML", nargs="?", const="",
@@ -65,6 +74,9 @@ class Ranking:
     oom: list
     measured_note: str | None
     stored: list = dataclasses.field(default_factory=list)  # stored runs at this scale, each with its rank
+    gbs_values: object = None  # the GBS values searched (None: the spec's own)
+    samples: float | None = None
+    named: object = None  # the --layout / --layout-from-run layout, priced (search.NamedLayout)
 
     @property
     def usable_gib(self) -> float:
@@ -91,9 +103,16 @@ def run(args) -> int:
                              "another engine's profile", args.json)
         return calibrate(args)
     try:
+        fields = _named_layout(args)
         base = _resolve_inputs(args)
         gpu, measured_note = _pick_gpu(args)
         ranking = _search(args, base, gpu, measured_note, headroom)
+        if fields is not None:
+            # pricing one named layout is part of the planner, loaded only when one is named
+            from trainperf.plan.search import price_layout
+
+            ranking.named = price_layout(base, gpu, args.gpus, ranking.per_node, fields, ranking.fits, ranking.samples,
+                                         args.objective, ranking.gbs_values, headroom, args.engine != "trainperf")
         ranking.stored = _stored_at_scale(args, gpu, ranking.fits)
     except SpecError as exc:
         return bad_input(str(exc), args.json)
@@ -107,6 +126,59 @@ def run(args) -> int:
     return _print_table(args, ranking)
 
 
+def _named_layout(args) -> dict | None:
+    """The fields of --layout (or of --layout-from-run's stored run), --gpus set to the GPUs they name when
+    not given; None when neither is asked for. SpecError (one line) before any search."""
+    if args.layout is not None and args.layout_from_run is not None:
+        raise SpecError("--layout and --layout-from-run both name a layout; give one")
+    if args.layout is None and args.layout_from_run is None:
+        return None
+    # the layout parser is part of the planner, loaded only when a layout is named
+    from trainperf.plan.search import layout_world_size, parse_layout
+
+    if args.layout is not None:
+        fields = parse_layout(args.layout)
+        named = layout_world_size(fields)
+    else:
+        fields, named = _stored_run_layout(args)
+    if not args.gpus and named:
+        args.gpus = named
+    elif named and args.gpus != named:
+        raise SpecError(f"the layout names {named} GPUs; --gpus is {args.gpus} (leave --gpus out to plan for {named})")
+    return fields
+
+
+def _stored_run_layout(args) -> tuple[dict, int]:
+    """(the layout fields, GPUs) of --layout-from-run's run in the store; SpecError if there is none."""
+    # the stored run's spec is read only when a run's layout is named
+    from trainperf.core.spec import RunSpec
+
+    # (the planner's reader of a spec's layout)
+    from trainperf.plan.search import layout_fields_of
+
+    # the store (and sqlite3) loads only when a command runs, not for --help
+    from trainperf.store.db import Store, StoreError, require_existing_store
+
+    try:
+        require_existing_store(args.db, "`trainperf run` or `trainperf import`")
+        store = Store(args.db)
+        try:
+            row = store.get_run(args.layout_from_run)
+        finally:
+            store.close()
+    except StoreError as exc:
+        raise SpecError(str(exc)) from None
+    if row is None:
+        raise SpecError(f"--layout-from-run {printable(args.layout_from_run, 40)!r}: no such run in {args.db} "
+                        "(see `trainperf report`)")
+    if args.workload and row["workload"] != args.workload:
+        raise SpecError(f"--layout-from-run: run {printable(args.layout_from_run, 40)} trained "
+                        f"{printable(row['workload'], 40)}, not {printable(args.workload, 40)}")
+    args.workload = args.workload or row["workload"]
+    spec = RunSpec.from_dict(json.loads(row["spec_json"]))
+    return layout_fields_of(spec), int(row["world_size"])
+
+
 def _resolve_inputs(args):
     """The workload's spec with the user's config and overrides; SpecError on bad input, before the GPU
     file is read or the store is opened for a preflight."""
@@ -118,12 +190,14 @@ def _resolve_inputs(args):
 
     if not args.workload:
         raise SpecError("give the WORKLOAD to plan (see `trainperf workloads`)")
-    if args.gpus < 1:
-        raise SpecError(f"--gpus={args.gpus}: give the number of GPUs to plan for (>= 1)")
+    # the search's bounds are the planner's, loaded only when a plan is asked for
+    from trainperf.plan.search import MAX_SAMPLES, check_scale
+
+    check_scale(args.gpus, min(args.gpus, 8) if args.gpus_per_node is None else args.gpus_per_node)
     if args.top < 1:
         raise SpecError(f"--top {args.top}: give how many ranked layouts to show (>= 1)")
-    if args.samples is not None and not args.samples > 0:
-        raise SpecError(f"--samples {args.samples}: give the samples to converge (> 0)")
+    if args.samples is not None:
+        args.samples = finite_number(args.samples, "--samples", lo=0, lo_open=True, hi=MAX_SAMPLES)
     # gpt3 / llama31_405b derive the rate and schedule from the GBS (torch-free, as the planner)
     from trainperf.mlperf.recipes import apply_gbs_schedule
 
@@ -156,7 +230,7 @@ def _pick_gpu(args):
         profile = load_profile(store, args.engine)
     finally:
         store.close()
-    fitted = ", ".join(f"{k}={v:.3g}" for k, v in profile.factors.items())
+    fitted = ", ".join(f"{k}={v:.3g}" for k, v in (profile.factors | profile.time_terms).items())
     return apply_profile(gpu, profile), "; ".join(x for x in (note, f"engine {args.engine}: profile fitted to "
                                                               f"{len(profile.fitted_on)} stored configurations ({fitted})") if x)
 
@@ -166,7 +240,7 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     # the search over layouts loads only when a plan is asked for, not for --help
     from trainperf.plan.search import plan
 
-    per_node = args.gpus_per_node or min(args.gpus, 8)
+    per_node = min(args.gpus, 8) if args.gpus_per_node is None else args.gpus_per_node
     gbs_values = _batch_sizes(args, base)
     gbs_note = None
     if gbs_values is None and args.samples is None:
@@ -177,7 +251,8 @@ def _search(args, base, gpu, measured_note: str | None, headroom: float) -> Rank
     options = _option_sets(args, base, megatron)
     fits, oom = plan(base, gpu, args.gpus, per_node, args.samples, args.objective, gbs_values, headroom, megatron,
                      options)
-    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None)
+    return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None,
+                   gbs_values=gbs_values, samples=args.samples)
 
 
 def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
@@ -193,7 +268,7 @@ def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
     from trainperf.plan.hardware import preset_for_device
 
     # (the planner's ranking functions)
-    from trainperf.plan.search import layout_signature, rank_of
+    from trainperf.plan.search import layout_signature, over_best, rank_of
 
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import Store, StoreError
@@ -222,8 +297,15 @@ def _stored_at_scale(args, gpu, fits: list) -> list[dict]:
         out.append({"layout": row["layout"], "global_batch_size": spec.train.global_batch_size, "runs": len(members),
                     "tokens_per_s_per_gpu": row["tokens_per_s_per_gpu"], "rank": rank, "ranked": len(fits),
                     "predicted_tokens_per_s_per_gpu": cand.est.tokens_per_s_per_gpu if cand else None,
-                    "step_over_best": cand.est.step_time_s / fits[0].est.step_time_s - 1 if cand else None})
+                    "step_over_best": cand.est.step_time_s / fits[0].est.step_time_s - 1 if cand else None,
+                    "over_best": over_best(cand, fits[0]) if cand else None})
     return sorted(out, key=lambda e: (e["rank"] is None, e["rank"] or 0))
+
+
+def _figure_name(fits: list) -> str:
+    """What a ranking compares layouts by: time to train where it has one, else time per sample (a step
+    of another GBS is not comparable)."""
+    return "time to train" if fits and fits[0].time_to_train_s else "time per sample"
 
 
 def _stored_lines(ranking: Ranking) -> list[str]:
@@ -238,7 +320,8 @@ def _stored_lines(ranking: Ranking) -> list[str]:
         else:
             pred = e["predicted_tokens_per_s_per_gpu"]
             lines.append(f"{head} -- ranked {e['rank']} of {e['ranked']}"
-                         + (f", its step {100 * e['step_over_best']:+.1f}% over the best's" if e["rank"] > 1 else "")
+                         + (f", its {_figure_name(ranking.fits)} {100 * e['over_best']:+.1f}% over the best's"
+                            if e["rank"] > 1 else "")
                          + f"; predicted {pred:,.0f} ({100 * (pred / e['tokens_per_s_per_gpu'] - 1):+.1f}%)")
     return lines
 
@@ -247,22 +330,22 @@ def _stored_lines(ranking: Ranking) -> list[str]:
 BUSY_TOKENS_PER_GPU = 8192
 
 
-def _busy_batch_sizes(args, base) -> tuple[list[int] | None, str | None]:
-    """(the GBS values the RCPs cover, a note saying so) when the recipe's GBS gives each GPU less than
+def _busy_batch_sizes(args, base) -> tuple[object, str | None]:
+    """(the GBS values the RCP checker accepts, a note saying so) when the recipe's GBS gives each GPU less than
     BUSY_TOKENS_PER_GPU tokens per step and the benchmark has RCPs; (None, None) otherwise."""
     # the RCP tables are part of the planner, loaded only when a plan is asked for
-    from trainperf.plan.search import rcp_batch_sizes
+    from trainperf.plan.search import accepted_batch_sizes
 
     gbs, seq = base.train.global_batch_size, base.data.seq_len
     per_gpu = gbs * seq / args.gpus
     if per_gpu >= BUSY_TOKENS_PER_GPU or not base.mlperf.comparable:
         return None, None
-    covered = rcp_batch_sizes(base)
-    if not covered or max(covered) <= gbs:
+    accepted = accepted_batch_sizes(base)
+    if accepted is None or max(accepted.points) <= gbs:
         return None, None
-    return covered, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few to "
-                     f"keep them busy: searched the GBS values the RCPs cover ({', '.join(map(str, covered))}; time to "
-                     f"train from each RCP's samples to converge); --gbs {gbs} keeps the recipe's")
+    return accepted, (f"the recipe's GBS {gbs} gives each of {args.gpus} GPUs {per_gpu:,.0f} tokens per step, too few "
+                      f"to keep them busy: searched the GBS values the RCP checker accepts ({accepted.describe()}; time "
+                      f"to train from its samples to converge); --gbs {gbs} keeps the recipe's")
 
 
 def _option_sets(args, base, megatron: bool) -> list[dict] | None:
@@ -314,20 +397,26 @@ def _measured_gpu(gpu, db: str):
         f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
 
 
-def _batch_sizes(args, base) -> list[int] | None:
-    """--gbs as a list of global batch sizes to search (None: the spec's own)."""
+def _batch_sizes(args, base):
+    """--gbs as the global batch sizes to search: a list, or (`rcp`) every GBS the RCP checker accepts
+    (None: the spec's own)."""
     if not args.gbs:
         return None
     # the RCP interpolation is part of the planner, loaded only when a plan is asked for
-    from trainperf.plan.search import rcp_batch_sizes
+    from trainperf.plan.search import accepted_batch_sizes
 
+    if args.gbs == "rcp":
+        accepted = accepted_batch_sizes(base)
+        if accepted is None:
+            raise SpecError(f"--gbs rcp: workload {args.workload!r} has no MLPerf RCPs to give samples to converge "
+                            "at each GBS; set one with --set train.global_batch_size=N and --samples")
+        return accepted
     try:
-        gbs_values = rcp_batch_sizes(base) if args.gbs == "rcp" else [int(x) for x in args.gbs.split(",")]
+        gbs_values = [int(x) for x in args.gbs.split(",")]
     except ValueError:
-        raise SpecError(f"--gbs {args.gbs!r}: expected comma-separated integers or `rcp`") from None
+        raise SpecError(f"--gbs {printable(args.gbs, 60)!r}: expected comma-separated integers or `rcp`") from None
     if not gbs_values or min(gbs_values) < 1:
-        raise SpecError(f"--gbs {args.gbs!r}: no global batch sizes to search (workload {args.workload!r} "
-                        "has no MLPerf RCPs)" if args.gbs == "rcp" else f"--gbs {args.gbs!r}: sizes must be >= 1")
+        raise SpecError(f"--gbs {printable(args.gbs, 60)!r}: sizes must be >= 1")
     return gbs_values
 
 
@@ -369,6 +458,7 @@ def _print_json(args, ranking: Ranking) -> None:
              "step_time_s": c.est.step_time_s,
              "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "mfu": c.est.mfu,
              "memory_gib": c.est.reserved_gib, "time_to_train_s": c.time_to_train_s,
+             "time_to_train_terms_s": _ttt_terms(args, c), "time_to_train_p10_p90_s": _ttt_band(args, c),
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "host_offload_gib": c.est.host_offload_bytes / 2**30,
              "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:args.top]]
@@ -377,8 +467,71 @@ def _print_json(args, ranking: Ranking) -> None:
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
                       "not_fitting": len(ranking.oom), "over_headroom": ranking.over_headroom,
                       "hint": _hint(ranking) or None, "stored_at_scale": ranking.stored,
+                      "named_layout": _named_json(ranking.named),
                       "explain": [explain(fits[0], c) for c in fits[1:args.top]] if args.explain and fits else []},
                      indent=2))
+
+
+def _samples_for(args, c) -> float | None:
+    """The samples to converge a ranked layout's time to train counts: --samples, else its GBS's RCP mean."""
+    # the RCP lookup is the planner's, loaded only when a plan is printed
+    from trainperf.plan.search import rcp_samples
+
+    return (float(args.samples) if args.samples else rcp_samples(c.spec)) if c.time_to_train_s else None
+
+
+def _ttt_terms(args, c) -> dict | None:
+    """A layout's time to train by term (steps / evals / setup, seconds)."""
+    # the planner's split of the time, loaded only when a plan is printed
+    from trainperf.plan.search import time_to_train_terms
+
+    n = _samples_for(args, c)
+    return time_to_train_terms(c.spec, c.est, n) if n else None
+
+
+def _ttt_band(args, c) -> list[float] | None:
+    """One run's time to train at the 10th and 90th percentile of the RCP's samples to converge (None with
+    --samples or without an RCP)."""
+    # the RCP's spread is the planner's, loaded only when a plan is printed
+    from trainperf.plan.search import samples_band, time_to_train
+
+    n = None if args.samples else _samples_for(args, c)
+    band = samples_band(c.spec, n) if n else None
+    return [time_to_train(c.spec, c.est, b) for b in band] if band else None
+
+
+def _named_json(named) -> dict | None:
+    if named is None:
+        return None
+    c = named.candidate
+    return {"set": c.set_line, "layout": _layout_fields(c), "step_time_s": c.est.step_time_s,
+            "tokens_per_s_per_gpu": c.est.tokens_per_s_per_gpu, "memory_gib": c.est.reserved_gib,
+            "time_to_train_s": c.time_to_train_s, "fits": named.fits, "rank": named.rank, "ranked": named.ranked,
+            "searched": named.searched,
+            "over_best": named.over_best, "time": c.est.time}
+
+
+def _named_line(ranking: Ranking) -> str:
+    """The named layout: its prediction, and where it ranks against the best."""
+    n = ranking.named
+    c = n.candidate
+    p = c.spec.parallel
+    shape = " ".join(x for x in (f"TP{p.tp}" if p.tp > 1 else "", "SP" if p.sp and p.tp > 1 else "",
+                                 f"CP{p.cp}" if p.cp > 1 else "", f"PP{p.pp}" if p.pp > 1 else "",
+                                 f"VP{p.pp_stages_per_rank}" if p.pp > 1 and p.pp_stages_per_rank > 1 else "",
+                                 f"DP{p.dp_replicate * p.dp_shard}", f"MBS {c.spec.train.micro_batch_size}",
+                                 f"GBS {c.spec.train.global_batch_size}") if x)
+    head = (f"named layout {shape}: step {c.est.step_time_s:.3f} s, {c.est.tokens_per_s_per_gpu:,.0f} tokens/s per "
+            f"GPU, {c.est.reserved_gib:.1f} GiB" + (f", time to train {c.time_to_train_s / 60:.2f} min"
+                                                    if c.time_to_train_s else ""))
+    if not n.fits:
+        return f"{head} -- over the {ranking.usable_gib:.1f} GiB this plan allows (not ranked)"
+    if not n.ranked:
+        return f"{head} -- the only layout that fits"
+    what = "time to train" if c.time_to_train_s and ranking.fits[0].time_to_train_s else "time per sample"
+    return (f"{head} -- " + (f"ranked {n.rank} of {n.ranked}" if n.searched else f"would rank {n.rank} of {n.ranked + 1}")
+            + (f", its {what} {100 * n.over_best:+.1f}% against the best's ({ranking.fits[0].id})"
+               if n.over_best is not None and n.rank > 1 else ""))
 
 
 def _layout_fields(c) -> dict:
@@ -404,7 +557,7 @@ def _options_cell(c) -> str:
     return " ".join(cells) or "-"
 
 
-def _layout_cells(c) -> list[str]:
+def _layout_cells(args, c) -> list[str]:
     o = c.overrides
     cells = [c.id, str(c.spec.train.global_batch_size), str(o["parallel.tp"]), "y" if o["parallel.sp"] else "-", str(o["parallel.cp"]),
              str(o["parallel.pp"]), (o["parallel.pp_schedule"] + (f" v{o['parallel.pp_stages_per_rank']}"
@@ -418,7 +571,9 @@ def _layout_cells(c) -> list[str]:
              _options_cell(c), f"{c.est.step_time_s:.3f}", f"{c.est.tokens_per_s_per_gpu:,.0f}",
              f"{100 * c.est.mfu:.1f}%", f"{c.est.reserved_gib:.1f}"]
     if c.time_to_train_s:
-        cells.append(f"{c.time_to_train_s / 60:.1f}")
+        cells.append(f"{c.time_to_train_s / 60:.2f}")
+        band = _ttt_band(args, c)
+        cells.append(f"{band[0] / 60:.2f}-{band[1] / 60:.2f}" if band else "-")
     return cells
 
 
@@ -433,15 +588,23 @@ def _print_table(args, ranking: Ranking) -> int:
                         + (f" ({over} only for the memory headroom)" if over else "")
                         + f" -- memory headroom {100 * ranking.headroom:g}% ({usable:.1f} of {gpu.hbm_gib:g} GiB usable)")
     for col in ("id", "GBS", "tp", "sp", "cp", "pp", "sched", "rep", "shard", "mbs", "recompute", "options", "step s",
-                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min",) if fits and fits[0].time_to_train_s else ()):
+                "tok/s/GPU", "MFU", "mem GiB") + (("TTT min", "p10-p90") if fits and fits[0].time_to_train_s else ()):
         table.add_column(col, justify="right")
     for c in fits[:args.top]:
-        table.add_row(*_layout_cells(c))
+        table.add_row(*_layout_cells(args, c))
     console.print(table)
     if ranking.measured_note:
         console.print(ranking.measured_note)
     for line in _stored_lines(ranking):
         console.print(line)
+    if fits and fits[0].time_to_train_s:
+        terms = _ttt_terms(args, fits[0])
+        console.print(f"{fits[0].id} time to train: steps {terms['steps'] / 60:.2f} min + evals {terms['evals'] / 60:.2f} "
+                      f"min + set-up {terms['setup']:.0f} s" + ("" if args.samples else
+                                                                 "; p10-p90: one run's, from the RCP's spread of samples"),
+                      highlight=False)
+    if ranking.named is not None:
+        console.print(_named_line(ranking), highlight=False)
     if not fits:
         hint = _hint(ranking)
         console.print(f"[red]no layout fits[/red]: the smallest needs {oom[0].est.reserved_gib:.1f} GiB of "

@@ -193,9 +193,15 @@ GPT3_TUNABLE = "train.global_batch_size (1536..8192), train.lr (2e-5 or 3e-5 bet
 LLAMA31_405B = ModelSpec(name="llama3.1-405b", vocab_size=128256, hidden_size=16384, intermediate_size=53248,
                          num_layers=126, num_heads=128, num_kv_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
                          max_position_embeddings=8192, init_std=0.02)
-LLAMA405_GBS_RANGE = (1152, 9216)  # the RCP table's span; v5.0 caps GBS at 9216
+# the checker's rate rule (opt_base_learning_rate x 1152 == GBS x 8e-5) holds for any GBS, and the RCP
+# checker compares a GBS below the smallest RCP (1152) with that RCP: published closed runs trained at
+# GBS 576, 1008 and 1120; v5.0 caps GBS at 9216
+LLAMA405_GBS_RANGE = (1, 9216)
 LLAMA405_LR_TABLE = {1152: 8e-5, 2304: 1.6e-4, 4608: 3.2e-4, 9216: 6.4e-4}
 LLAMA405_EVAL_EVERY = 18_432  # v5.1+ (v5.0: 46,080)
+# the v5.0 round evaluated 405B every 46,080 samples and skipped none (its published logs: evals at
+# 46,080 x k from the first); v5.1 moved to 18,432 with FLOOR(0.0026 x GBS + 12) skipped
+ROUND_EVAL_SCHEDULE = {("llama31_405b", "v5.0"): (46_080, 0)}
 LLAMA405_EVAL_ROWS = 5760
 LLAMA405_TARGET = 5.6
 LLAMA405_MAX_STEPS = 1_200_000
@@ -254,7 +260,7 @@ LLAMA405_FIXED = (
     ("eval.every_samples", LLAMA405_EVAL_EVERY, "the rules evaluate every 18,432 sequences"),
     ("eval.target", LLAMA405_TARGET, "the quality target is log perplexity 5.6"),
 )
-LLAMA405_TUNABLE = "train.global_batch_size (1152..9216), train.max_steps"
+LLAMA405_TUNABLE = "train.global_batch_size (up to 9216), train.max_steps"
 
 # ---------------------------------------------------------------------------------------------
 # By benchmark name
@@ -377,14 +383,34 @@ def check_closed_rules(spec: RunSpec, data_rows: dict[str, int] | None = None, a
                                 f"division's GovReport set has {rows} (use mlperf.division=open for other data)")
 
 
+def apply_round_eval_schedule(spec: RunSpec, round_name: str) -> None:
+    """A published run of an earlier round evaluated at that round's cadence (ROUND_EVAL_SCHEDULE)."""
+    found = ROUND_EVAL_SCHEDULE.get((spec.mlperf.benchmark, round_name))
+    if found:
+        spec.eval.every_samples, spec.eval.skip_first = found
+
+
+def gbs_rate_span(benchmark: str) -> tuple[int, int]:
+    """(smallest, largest) GBS the benchmark's closed rules give a learning rate for ((1, huge): any)."""
+    return {"gpt3": GPT3_GBS_RANGE, "llama31_405b": LLAMA405_GBS_RANGE}.get(benchmark, (1, 2**62))
+
+
+def gbs_eval_skips(spec: RunSpec, gbs: int) -> int | None:
+    """The evals a closed llama31_405b run at ``gbs`` skips, where ``spec`` skips what its own GBS
+    derives (None: the count does not follow the GBS, or follows it by itself: skip_first = -1)."""
+    if spec.mlperf.benchmark != "llama31_405b" or spec.eval.skip_first != llama405_eval_skips(spec.train.global_batch_size):
+        return None
+    return llama405_eval_skips(gbs)
+
+
 def check_gbs_has_rate(spec: RunSpec) -> None:
     """gpt3 and llama31_405b take their rate from the GBS: a GBS the rules give no rate for is refused
     in either division (an open run states its own rate with train.lr, and still needs a GBS in range)."""
     bench, gbs = spec.mlperf.benchmark, spec.train.global_batch_size
-    span = {"gpt3": GPT3_GBS_RANGE, "llama31_405b": LLAMA405_GBS_RANGE}.get(bench)
-    if span and spec.mlperf.division == "closed" and not span[0] <= gbs <= span[1]:
+    span = gbs_rate_span(bench)
+    if spec.mlperf.division == "closed" and not span[0] <= gbs <= span[1]:
         raise SpecError(f"train.global_batch_size={gbs}: the {bench} rules give a learning rate for GBS "
-                        f"{span[0]}..{span[1]} only (the RCP table's span); choose a GBS in it or set mlperf.division=open")
+                        f"{span[0]}..{span[1]} only; choose a GBS in it or set mlperf.division=open")
 
 
 def check_schedule_for_gbs(spec: RunSpec) -> None:

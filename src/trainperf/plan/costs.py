@@ -60,6 +60,7 @@ class Estimate:
     time: dict[str, float] = field(default_factory=dict)  # seconds per step by term
     step_time_s: float = 0.0
     eval_seconds_per_row: float = 0.0  # forward only, per validation sequence, on one data-parallel rank
+    run_setup_s: float = 0.0  # per run beside its steps and evals (the GPU's run_setup_s)
     tokens_per_s_per_gpu: float = 0.0
     mfu: float = 0.0
     fits: bool = True
@@ -351,6 +352,11 @@ def distributed_optimizer_memory(spec: RunSpec, s: RankShape) -> dict[str, float
             "optimizer_states": (4.0 + OPTIMIZER_STATE_BYTES[spec.train.optimizer]) * s.psi_train / (t * d)}
 
 
+# a LoRA target's name -> the GEMM whose input its adapter reads (plan's Megatron layer: qkv, o_proj, fc1, fc2)
+LORA_TARGET_GEMM = {"qkv_proj": "qkv", "q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o",
+                    "gate_proj": "fc1", "up_proj": "fc1", "gate_up_proj": "fc1", "down_proj": "fc2"}
+
+
 def megatron_activation_bytes_per_token_layer(spec: RunSpec, fp8_mlp_outputs: bool = False) -> float:
     """Bytes a Megatron / Transformer Engine decoder layer keeps for backward per token, with fused
     attention (no S^2 term): Korthikanti et al. 2022's 34 h (/ t with sequence parallelism), written out
@@ -358,6 +364,9 @@ def megatron_activation_bytes_per_token_layer(spec: RunSpec, fp8_mlp_outputs: bo
     per element under FP8, Transformer Engine keeps the cast copy), on the sequence shard with SP;
     attention: q, k, v, its output (bf16 for the kernel's backward, plus o_proj's GEMM input) and the
     log-sum-exp; MLP: the up-projections' outputs and the activation's output (down_proj's input).
+    A frozen GEMM (LoRA) keeps no input: Transformer Engine's linear saves its input only for the weight
+    gradient (``if weight.requires_grad``, transformer_engine/pytorch/module/linear.py); a LoRA adapter
+    on it keeps its own bf16 copy of that input, except o_proj's, the attention output already kept.
     Under full recomputation only the layer input. ``fp8_mlp_outputs``: an FP8 run keeps the
     up-projections' outputs at one byte (FP8 activation storage)."""
     m, p = spec.model, spec.parallel
@@ -366,10 +375,18 @@ def megatron_activation_bytes_per_token_layer(spec: RunSpec, fp8_mlp_outputs: bo
     if spec.train.recompute == "full":
         return 2.0 * h / seq_split
     g = 1.0 if spec.hardware.fp8 != "none" else 2.0  # bytes per element of a saved GEMM input
+    adapted = {LORA_TARGET_GEMM.get(t) for t in spec.lora.target_modules} if spec.lora.enabled else set()
+
+    def kept_input(gemm: str, adapter_bytes: float = 2.0) -> float:  # bytes per element of a GEMM's saved input
+        if not spec.lora.enabled:
+            return g
+        return adapter_bytes if gemm in adapted else 0.0
+
     mlp_outs = 1 if m.family == "gpt" else 2  # GPT: one up-projection; Llama: gate and up
-    attention = (2.0 + g) * h / seq_split + (2.0 * (q + 2 * kv) + (2.0 + g) * q + 4.0 * m.num_heads) / p.tp
+    attention = (2.0 + kept_input("qkv")) * h / seq_split \
+        + (2.0 * (q + 2 * kv) + (2.0 + kept_input("o", 0.0)) * q + 4.0 * m.num_heads) / p.tp
     up_bytes = 1.0 if fp8_mlp_outputs and spec.hardware.fp8 != "none" else 2.0
-    mlp = (2.0 + g) * h / seq_split + (up_bytes * mlp_outs * f + g * f) / p.tp
+    mlp = (2.0 + kept_input("fc1")) * h / seq_split + (up_bytes * mlp_outs * f + kept_input("fc2") * f) / p.tp
     return attention + mlp
 
 
@@ -645,7 +662,10 @@ def finish_rates(spec: RunSpec, s: RankShape, gpu: GPU, gpus_per_node: int, micr
     # eval: the forward alone per sequence, pipeline stages in sequence
     fwd_micro = forward_seconds(micro, linear_flops_multiplier(spec)) + (micro.tp + micro.cp) / 3
     # (an engine that pipelines its eval batches through the stages, as Megatron does, pays the stages once)
+    # an eagerly issued eval forward costs the host a fixed time per layer of the stage: the slower sets it
+    fwd_micro = max(fwd_micro, gpu.eval_host_s_per_layer * s.L_rank)
     est.eval_seconds_per_row = fwd_micro / s.b * (1 if gpu.pipelined_eval else s.pp)
+    est.run_setup_s = gpu.run_setup_s
     world = s.dp * s.t * s.c * s.pp
     tokens_step = spec.train.global_batch_size * s.S
     est.tokens_per_s_per_gpu = tokens_step / est.step_time_s / world

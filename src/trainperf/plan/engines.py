@@ -57,6 +57,17 @@ FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown"
 # best; gemm_eff sets the level
 FP8_GEMM_GRID = "h200"
 FP8_GRID_GPUS = ("H100", "H200")  # GH100 parts; a B200 (other SMs, other tiles) keeps the flat rate
+# time to train beside the steps, fitted to the points' runs after the rates (their time outside their
+# steps: the run's time less its samples' steps at its measured step time): name -> meaning. No fixed
+# cost per eval: a few evals per calibration run cannot tell one from the run's set-up
+# (fitted together they trade 1:5), and a fixed cost per eval multiplies where evals are many and short
+# (70B at 1,024 GPUs: 12 evals of 2 rows per rank)
+TIME_TERMS: dict[str, str] = {
+    "eval_host_s_per_layer": "host seconds per layer of a stage an eval micro-batch's eager forward costs (the "
+                             "slower of it and the GPU's forward sets the eval)",
+    "run_setup_s": "seconds a run spends inside the clock beside its steps and evals (first steps, allocator, "
+                   "the first eval's set-up)",
+}
 MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: fewer leave the factors undetermined
 
 
@@ -65,14 +76,17 @@ class EngineProfile:
     name: str
     factors: dict[str, float] = field(default_factory=dict)  # empty: the GPU preset's own rates (trainperf)
     fitted_on: tuple[str, ...] = ()  # the points it was fitted to, "benchmark@GPUs layout"
+    time_terms: dict[str, float] = field(default_factory=dict)  # TIME_TERMS fitted ({}: none, 0 s)
 
     def describe(self) -> list[str]:
         if not self.factors:
             return [f"{self.name}: this engine's own rates (the GPU presets, from its benches)"]
-        return [f"{k:15s} {v:8.3f}  {FACTORS[k][0]}" for k, v in self.factors.items()]
+        return [f"{k:15s} {v:8.3f}  {FACTORS[k][0]}" for k, v in self.factors.items()] \
+            + [f"{k:15s} {v:8.4g}  {TIME_TERMS[k]}" for k, v in self.time_terms.items()]
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "factors": dict(self.factors), "fitted_on": list(self.fitted_on)}
+        return {"name": self.name, "factors": dict(self.factors), "time_terms": dict(self.time_terms),
+                "fitted_on": list(self.fitted_on)}
 
 
 def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
@@ -91,7 +105,8 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         pp_p2p_overlapped=FIXED_FOR_FITTED["pp_p2p_overlapped"],
         fp8_activation_storage=FIXED_FOR_FITTED["fp8_activation_storage"],
         asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"],
-        fp8_gemm_grid=gpu.fp8_gemm_grid or default_fp8_grid(gpu))
+        fp8_gemm_grid=gpu.fp8_gemm_grid or default_fp8_grid(gpu),
+        **{k: profile.time_terms.get(k, 0.0) for k in TIME_TERMS})
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
 
 
@@ -111,6 +126,7 @@ class EngineRun:
     tokens_per_s_per_gpu: float
     time_to_train_s: float | None
     label: str
+    samples_to_target: float | None = None  # the run's samples to its target (gpt3: tokens), as logged
 
 
 def engine_run_from_row(row: dict) -> EngineRun | None:
@@ -120,9 +136,14 @@ def engine_run_from_row(row: dict) -> EngineRun | None:
     if gpu is None or not row.get("tokens_per_s_per_gpu"):
         return None
     spec = RunSpec.from_dict(json.loads(row["spec_json"]))
+    # the rules are the planner's (mlperf.recipes): a run evaluated at its own round's cadence
+    from trainperf.mlperf.recipes import apply_round_eval_schedule
+
+    apply_round_eval_schedule(spec, str(json.loads(row.get("software_json") or "{}").get("round", "")))
     return EngineRun(row["run_id"], spec, gpu, int(hw.get("gpus_per_node") or 8), row["tokens_per_s_per_gpu"],
                      row.get("time_to_train_s") if row["status"] == "success" else None,
-                     f"{row['workload']}@{row['world_size']} {row['layout']} {gpu.name.split()[1]}")
+                     f"{row['workload']}@{row['world_size']} {row['layout']} {gpu.name.split()[1]}",
+                     row.get("samples_to_target") if row["status"] == "success" else None)
 
 
 def engine_runs(store, engine: str) -> list[EngineRun]:
@@ -168,7 +189,68 @@ def fit_profile(name: str, points: list[EngineRun]) -> EngineProfile:
 
     x0 = [FACTORS[k][1] for k in names]
     fit = least_squares(residuals, x0, bounds=(lo, hi))
-    return EngineProfile(name, {k: float(v) for k, v in zip(names, fit.x)}, tuple(p.label for p in points))
+    rates = EngineProfile(name, {k: float(v) for k, v in zip(names, fit.x)}, tuple(p.label for p in points))
+    return dataclasses.replace(rates, time_terms=fit_time_terms(rates, points))
+
+
+def outside_steps(p: EngineRun) -> tuple[float, float] | None:
+    """(seconds the run spent outside its steps, its samples in sequences) of a point's run: its time to
+    train less its samples' steps at its measured step time; None without them."""
+    # what the RCPs count progress in is the rules' (mlperf.recipes)
+    from trainperf.mlperf.recipes import RCP_UNIT
+
+    if not p.time_to_train_s or not p.samples_to_target:
+        return None
+    spec = p.spec
+    samples = p.samples_to_target / (spec.data.seq_len if RCP_UNIT.get(spec.mlperf.benchmark) == "tokens" else 1)
+    gpus = spec.parallel.tp * spec.parallel.cp * spec.parallel.pp * spec.parallel.dp_replicate * spec.parallel.dp_shard
+    step = spec.train.global_batch_size * spec.data.seq_len / (p.tokens_per_s_per_gpu * gpus)
+    return p.time_to_train_s - samples / spec.train.global_batch_size * step, samples
+
+
+def fit_time_terms(rates: EngineProfile, points: list[EngineRun]) -> dict[str, float]:
+    """TIME_TERMS fitted to each point's time outside its steps (outside_steps): for each eval host cost
+    per layer on a grid (EVAL_HOST_GRID_S), the set-up is the median over the points of what their evals
+    leave (a median: one run whose steps vary, slow blocks no eval explains, must not set it for all,
+    and no run's set-up is negative); the grid value with the least squared error, as shares of each
+    run's time to train, is kept. {} when fewer than MIN_RUN_GROUPS points have a time to train."""
+    # the data-parallel size of a layout is the core's
+    from trainperf.core.layout import data_parallel_size
+
+    # the validation rows of each benchmark are the rules' (mlperf.recipes)
+    from trainperf.mlperf.recipes import EVAL_ROWS
+
+    # the cost model and the eval count are the planner's
+    from trainperf.plan.costs import estimate
+    from trainperf.plan.search import evals_to
+
+    rows = []
+    for p in points:
+        found = outside_steps(p)
+        if found is None:
+            continue
+        outside, samples = found
+        spec = p.spec
+        est = estimate(spec, apply_profile(p.gpu, rates), p.gpus_per_node)  # the GPU's eval forward, no host term
+        per_rank = math.ceil((spec.data.eval_samples or EVAL_ROWS.get(spec.mlperf.benchmark, 0))
+                             / data_parallel_size(spec.parallel))
+        layers_per_row = spec.model.num_layers / spec.parallel.pp / spec.train.micro_batch_size
+        rows.append((evals_to(spec, samples) * per_rank, est.eval_seconds_per_row, layers_per_row, outside,
+                     p.time_to_train_s))
+    if len(rows) < MIN_RUN_GROUPS:
+        return {}
+    best = None
+    for h in EVAL_HOST_GRID_S:
+        evals = [n * max(gpu_row, h * layers) for n, gpu_row, layers, _, _ in rows]
+        setup = max(0.0, statistics.median(o - e for e, (_, _, _, o, _) in zip(evals, rows)))
+        err = sum(((e + setup - o) / t) ** 2 for e, (_, _, _, o, t) in zip(evals, rows))
+        if best is None or err < best[0]:
+            best = (err, h, setup)
+    return {"eval_host_s_per_layer": best[1], "run_setup_s": best[2]}
+
+
+# the eval host costs per layer fit_time_terms tries: 0 to 20 ms in steps of 0.05 ms
+EVAL_HOST_GRID_S = tuple(i * 5e-5 for i in range(401))
 
 
 def profile_errors(profile: EngineProfile, points: list[EngineRun]) -> list[dict]:

@@ -10,6 +10,7 @@ measurement says otherwise.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,13 @@ class GPU(Datasheet):
     # evals: 0 when the engine runs an eval batch through the pipeline stages one after another (this
     # engine), 1 when it pipelines the eval micro-batches (Megatron)
     pipelined_eval: float = 0.0
+    # time to train beside the steps (0 for this engine: not measured; fitted in another engine's profile
+    # to its runs' time outside their steps, plan/engines.py): an eval's forward is issued eagerly (no CUDA
+    # graph), so each micro-batch costs the host this per layer of its stage -- the slower of that and the
+    # GPU's forward sets the eval; and a fixed time per run (set-up inside the clock: the first steps,
+    # the allocator, the first eval's)
+    eval_host_s_per_layer: float = 0.0
+    run_setup_s: float = 0.0
     # how the data-parallel ranks share the model: fsdp2 (this engine: weights, gradients and optimizer
     # states sharded; weights gathered per micro-batch) or distributed_optimizer (Megatron's ZeRO-1:
     # weights whole, gradients reduce-scattered and weights gathered once per step)
@@ -192,6 +200,15 @@ PRESETS |= {
                                              fp8_tflops=1671.0, hbm_tbps=4.0, kernel_table="", host_link_gpus=1),
                          nvlink_domain=4.0, nic_gbps=25.0, nic_efficiency=0.7),
     "b200-sxm": _cluster(PRESETS["b200"], nic_gbps=50.0, nic_efficiency=0.8),
+    # GB200 NVL72: 72 Blackwell GPUs in one NVLink domain (NVLink 5, 1.8 TB/s per GPU), 4 per compute tray
+    # (a node: its Grace CPUs' memory and NICs), one 400G ConnectX-7 NIC per GPU across racks; datasheet
+    # figures (core.hardware), not measured
+    "gb200": _cluster(dataclasses.replace(_from_datasheet("gb200"), name="NVIDIA GB200 NVL72"), nvlink_domain=72.0,
+                      nic_gbps=50.0, nic_efficiency=0.8),
+    # GB300 NVL72 (Blackwell Ultra): GB200's domain and dense bf16 / fp8 rates, 288 GB of HBM3e (279 usable,
+    # as B200's 192 -> 178 scaled), 8 TB/s, an 800G ConnectX-8 NIC per GPU; datasheet figures, not measured
+    "gb300": _cluster(dataclasses.replace(_from_datasheet("gb200"), name="NVIDIA GB300 NVL72", hbm_gib=279.0,
+                                          hbm_tbps=7.7), nvlink_domain=72.0, nic_gbps=100.0, nic_efficiency=0.8),
 }
 
 
@@ -215,7 +232,8 @@ def preset_for_device(device_name: str) -> GPU | None:
     """The preset for a device name such as 'NVIDIA H200' or 'NVIDIA H200 NVL' (None for unknown
     devices): the longest key whose words all appear in the name ('h200-nvl' beats 'h200'; the
     -sxm cluster presets are only chosen by name)."""
-    words = set(device_name.lower().replace("-", " ").replace("_", " ").split())
+    # every run of letters and digits is a word: 'NVIDIA Blackwell GPU (B200-SXM-180GB)' names b200
+    words = set(re.findall(r"[a-z0-9]+", device_name.lower()))
     keys = [k for k in PRESETS if not k.endswith("-sxm") and set(k.split("-")) <= words]
     return PRESETS[max(keys, key=len)] if keys else None
 

@@ -53,7 +53,7 @@ WORKLOADS: dict[str, Workload] = {
                  mlperf.gpt3_defaults, _from_mini("prepare_mlperf_pretrain")),
         Workload("llama31_405b",
                  "MLPerf Llama 3.1 405B pretraining (v5.0-v6.0), closed-division recipe: model.path=HF Llama 3.1 "
-                 "405B checkpoint, data.path=C4; log perplexity <= 5.6 on 5760 sequences; GBS 1152..9216 sets lr, "
+                 "405B checkpoint, data.path=C4; log perplexity <= 5.6 on 5760 sequences; GBS up to 9216 sets lr, "
                  "warmup, decay and skipped evals",
                  mlperf.llama31_405b_defaults, _from_mini("prepare_mlperf_pretrain")),
         Workload("mini-pretrain",
