@@ -51,3 +51,17 @@ def test_finite_number():
             finite_number(bad, "gbs")
     with pytest.raises(SpecError, match="above 0"):
         finite_number(0, "throughput", lo=0, lo_open=True)
+
+
+def test_a_config_file_alias_bomb_and_fifo_are_refused(tmp_path):
+    from trainperf.core.resolve import load_config_file
+
+    bomb = tmp_path / "c.yaml"
+    bomb.write_text('a: &a ["x","x","x","x","x","x","x","x","x","x"]\n'
+                    + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)))
+    with pytest.raises(SpecError, match="more than the"):
+        load_config_file(str(bomb))
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="not a regular file"):
+        load_config_file(str(fifo))

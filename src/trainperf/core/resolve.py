@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
-import yaml
 
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import SECTIONS, RunSpec, apply_section, set_value
+from trainperf.core.untrusted import parse_untrusted_yaml, read_untrusted_text
 from trainperf.core.validate import check_choices, check_values
 
 
@@ -45,17 +45,14 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise SpecError(f"config file {path!r} is a folder; give a .yaml, .yml or .toml file")
-    if not p.is_file():
+    if not p.exists():
         raise SpecError(f"config file {path!r} does not exist")
-    try:
-        text = p.read_text()
-    except (UnicodeDecodeError, OSError) as exc:
-        raise SpecError(f"config file {path!r} could not be read as text ({exc.__class__.__name__})") from None
+    text = read_untrusted_text(p, max_bytes=1024 * 1024, what="config file")
     try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         elif p.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            data = parse_untrusted_yaml(text, where=f"config file {path}") or {}
         else:
             raise SpecError(f"config file {path!r}: expected a .yaml, .yml or .toml file")
     except SpecError:
