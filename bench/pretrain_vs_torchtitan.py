@@ -334,7 +334,10 @@ def run_child(args, side: str, precision: str) -> dict:
         cmd += ["--set", o]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
+        # expandable segments on both sides: trainperf's 8B commands set them, torchtitan's run_train.sh too
+        env = dict(os.environ)
+        env.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.child_timeout, env=env)
     except subprocess.TimeoutExpired:
         return dict(side=side, precision=precision, error=f"timed out after {args.child_timeout} s")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
