@@ -23,9 +23,9 @@ allocator state never cross from one to the next.
 
 Same init: both start from trainperf's name-seeded initial weights (trainperf.model.llama.init_full_tensor),
 handed to torchtitan through its own state-dict adapter (``Llama3StateDictAdapter.from_hf``: the q/k row
-permutation between the rotate-half and the interleaved RoPE layouts). Same data: a seeded token chain
-(each token's successor fixed with probability 0.8, else uniform), so the loss falls and the two loss
-curves say whether the two sides do the same work.
+permutation between the rotate-half and the interleaved RoPE layouts). Same data: a seeded token chain over
+4,096 of the vocabulary's ids (each token's successor fixed with probability 0.8, else uniform), so the
+loss falls and the two loss curves say whether the two sides do the same work.
 
 Prints per row tokens/s, MFU (trainperf.core.flops: 6 x linear parameters + causal attention per token,
 against 989 TFLOP/s, fp8 rows too), peak GiB, the first ``--steps`` losses of both sides and their
@@ -77,18 +77,21 @@ def model_spec(shape: str, layers: int, seq: int):
                      max_position_embeddings=seq, init_std=0.02)
 
 
+ACTIVE_TOKENS = 4096  # the chain's tokens: a learnable share of the vocabulary, so the loss falls in 20 steps
+
+
 def token_batches(vocab: int, seq: int, steps: int, seed: int = SEED) -> list[list[int]]:
-    """``steps`` sequences of ``seq`` tokens from one seeded chain: each token's successor is a fixed
-    permutation of the vocabulary with probability 0.8, else uniform (learnable, so the loss moves)."""
+    """``steps`` sequences of ``seq`` tokens from one seeded chain over ACTIVE_TOKENS of the vocabulary's
+    ids: each token's successor is fixed with probability 0.8, else uniform over those ids."""
     rng = random.Random(seed)
-    succ = list(range(vocab))
-    rng.shuffle(succ)
+    active = rng.sample(range(vocab), min(vocab, ACTIVE_TOKENS))
+    succ = dict(zip(active, rng.sample(active, len(active))))
     out = []
     for _ in range(steps):
-        t = rng.randrange(vocab)
+        t = rng.choice(active)
         row = [t]
         for _ in range(seq - 1):
-            t = succ[t] if rng.random() < 0.8 else rng.randrange(vocab)
+            t = succ[t] if rng.random() < 0.8 else rng.choice(active)
             row.append(t)
         out.append(row)
     return out
