@@ -78,3 +78,36 @@ def test_one_process_with_a_float8_stored_base_skips_fsdp_and_trains_like_it_und
     assert losses == ref_losses and losses[1] != losses[0]
     for name, ref in ref_adapters.items():
         torch.testing.assert_close(adapters[name], ref, rtol=0, atol=0)
+
+
+def test_full_training_with_autocast_skips_fsdp_and_trains_like_fsdp_mixed_precision(gloo_group):
+    """hardware.mixed_precision=autocast (full training, one process): no FSDP2, fp32 parameters with
+    fp32 gradients, bf16 GEMMs under torch.autocast; two steps give FSDP2's losses to 1% (bf16 rounding:
+    the residual stream stays fp32 under autocast, bf16 under FSDP2's cast parameters)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain, losses, _ = _two_steps("lora.rank=0", "hardware.mixed_precision=autocast")
+    sharded, ref_losses, _ = _two_steps("lora.rank=0")
+    assert not isinstance(plain, FSDPModule) and isinstance(sharded, FSDPModule)
+    assert all(q.dtype == torch.float32 and type(q) is torch.nn.Parameter for q in plain.parameters())
+    assert losses != ref_losses  # not the FSDP2 path in disguise
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-2, atol=0)
+    assert losses[1] != losses[0]
+
+
+def test_autocast_mixed_precision_is_refused_with_lora_or_more_than_one_process():
+    import pytest
+
+    from trainperf.core.errors import SpecError
+    from trainperf.core.validate import check_mixed_precision
+
+    spec = resolve_spec(mini_lora_defaults(), None, ["hardware.mixed_precision=autocast"])
+    resolve_layout(spec, 1)
+    with pytest.raises(SpecError, match="for full training"):
+        check_mixed_precision(spec)
+    spec = resolve_spec(mini_lora_defaults(), None, ["lora.rank=0", "hardware.mixed_precision=autocast"])
+    resolve_layout(spec, 2)
+    with pytest.raises(SpecError, match="for one process; this layout has 2"):
+        check_mixed_precision(spec)
+    with pytest.raises(SpecError, match="valid values are fsdp, autocast"):
+        resolve_spec(mini_lora_defaults(), None, ["hardware.mixed_precision=amp"])

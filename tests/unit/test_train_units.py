@@ -532,3 +532,34 @@ def test_eight_bit_adamw_keeps_its_moments_in_a_quarter_of_the_bytes_and_steps_l
     assert float(opts["adamw8bit"].param_groups[0]["lr"]) == pytest.approx(3e-3)
     assert isinstance(opts["adamw8bit"].param_groups[0]["lr"], torch.Tensor)
     assert opts["adamw"].param_groups[0]["lr"] == 3e-3
+
+
+def test_uncacheable_graph_warning_is_dropped_and_other_cache_key_failures_still_show(caplog):
+    """Building AdamW8bit installs a filter on Inductor's cache logger (once): the "Failed to pickle
+    cache key" warning whose cause is pickle's cyclic-object refusal (torchao's 8-bit state) is dropped;
+    the same warning with another cause, and other records of that logger, still reach the handlers."""
+    import logging
+
+    from trainperf.train.loop import _UncacheableGraphFilter, build_optimizer
+
+    logger = logging.getLogger("torch._inductor.codecache")
+    t = TrainSpec(lr=1e-3, warmup_steps=0, max_steps=10, optimizer="adamw8bit")
+    for _ in range(2):
+        build_optimizer([torch.nn.Parameter(torch.randn(64, 64))], t)
+    assert sum(isinstance(f, _UncacheableGraphFilter) for f in logger.filters) == 1
+
+    def warn_from(exc: Exception) -> None:
+        try:
+            raise exc
+        except Exception:
+            logger.warning("Failed to pickle cache key", exc_info=True)
+
+    def seen() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == logger.name]
+
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        warn_from(ValueError("fast mode: can't pickle cyclic objects"))
+        assert seen() == []
+        warn_from(TypeError("cannot pickle 'generator' object"))
+        logger.warning("fx graph unable to write to cache")
+    assert seen() == ["Failed to pickle cache key", "fx graph unable to write to cache"]

@@ -96,6 +96,7 @@ PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 FP8_RECIPES = ("none", "tensorwise", "rowwise")  # hardware.fp8: torchao float8 recipes
 ATTENTION_KERNELS = ("sdpa", "flash4")
 LORA_KERNELS = ("torch", "fused")
+MIXED_PRECISION = ("fsdp", "autocast")  # hardware.mixed_precision
 
 
 @dataclass
@@ -193,6 +194,10 @@ class HardwareSpec:
     # re-allocates) less; the 8B pretraining run on 2 x H200 retried 7 times at 136.5 of 140 GiB
     # reserved. An explicit setting in the environment wins.
     expandable_segments: bool = False
+    # full training in one process: fsdp (FSDP2 on the one rank: bf16 gathers of the fp32 masters, fp32
+    # gradient reduction) | autocast (no FSDP2: fp32 parameters, the forward under torch.autocast in the
+    # compute dtype, as torchtitan trains on one GPU; refused with more than one process or with LoRA)
+    mixed_precision: str = "fsdp"
 
 
 @dataclass

@@ -24,6 +24,7 @@ from trainperf.core.spec import (
     FP8_RECIPES,
     GRAD_SYNC_MODES,
     LORA_KERNELS,
+    MIXED_PRECISION,
     MODEL_FAMILIES,
     OPTIMIZERS,
     PP_SCHEDULES,
@@ -136,6 +137,21 @@ def check_attention(spec: RunSpec, cuda: bool) -> None:
                         "(hidden_size / num_heads); use hardware.attention=sdpa")
 
 
+def check_mixed_precision(spec: RunSpec) -> None:
+    """hardware.mixed_precision=autocast: full training in one process (it replaces FSDP2, which more
+    processes need; a LoRA run in one process already runs without FSDP2)."""
+    if spec.hardware.mixed_precision == "fsdp":
+        return
+    p = spec.parallel
+    world = p.dp_replicate * p.dp_shard * p.tp * p.cp * p.pp
+    if world != 1:
+        raise SpecError(f"hardware.mixed_precision=autocast is for one process; this layout has {world}; "
+                        "use hardware.mixed_precision=fsdp")
+    if spec.lora.enabled:
+        raise SpecError("hardware.mixed_precision=autocast is for full training (lora.rank=0); a LoRA run in one "
+                        "process already runs without FSDP2: use hardware.mixed_precision=fsdp")
+
+
 def check_lora_kernel(spec: RunSpec, cuda: bool) -> None:
     """hardware.lora_kernel=fused: a LoRA run on CUDA GPUs with Triton, in bf16, without tensor
     parallel (its adapters see DTensors), at an adapter rank the kernel's tiles take."""
@@ -171,6 +187,7 @@ def check_choices(spec: RunSpec) -> None:
             ("hardware.fp8", h.fp8, FP8_RECIPES),
             ("hardware.attention", h.attention, ATTENTION_KERNELS),
             ("hardware.lora_kernel", h.lora_kernel, LORA_KERNELS),
+            ("hardware.mixed_precision", h.mixed_precision, MIXED_PRECISION),
             ("mlperf.division", spec.mlperf.division, ("open", "closed"))):
         if value not in valid:
             raise SpecError(f"{key}={value!r}: valid values are {', '.join(valid)}")
@@ -312,6 +329,7 @@ def validate(spec: RunSpec, world_size: int, *, cuda: bool, before_checkpoint: b
     _validate_fp8(spec)
     check_attention(spec, cuda)
     check_lora_kernel(spec, cuda)
+    check_mixed_precision(spec)
     _validate_optimizer(t)
     per_stage = layers_per_stage(spec)
     if not 0 <= t.offload_layers <= per_stage:

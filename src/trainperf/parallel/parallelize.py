@@ -10,7 +10,8 @@ fixed order (torchtitan's):
     5. compile          torch.compile per decoder layer
                         (4 and 5: one LayerWrapper per decoder layer, parallel/layer_wrapper.py)
     6. FSDP2 / HSDP     fully_shard per layer, embedding, root; bf16 params, fp32 reduce on GPU
-                        (skipped for one process with a bf16 LoRA base: runs_without_fsdp)
+                        (skipped for one process with a bf16 LoRA base or hardware.mixed_precision=autocast:
+                        runs_without_fsdp)
 
 The mesh's dims and every degree, group and stage count come from ``core.layout.Layout``. Kernel
 choices (attention, LoRA kernel, float8 GEMMs) are the model's own, fixed when it is built
@@ -452,19 +453,27 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
         cuda = mesh.device_type == "cuda"
         offloader = ActivationOffloader(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
     wrap_layers(model, modes, offloader, "inductor" if tr.compile else None)
-    if not runs_without_fsdp(model, mesh, param_dtype):
+    if not runs_without_fsdp(model, mesh, param_dtype, spec.hardware.mixed_precision == "autocast"):
         apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
     return offloader
 
 
-def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None) -> bool:
-    """One process whose frozen parameters are stored in the compute dtype (LoRA with a bf16 base):
+def runs_without_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None,
+                      autocast: bool = False) -> bool:
+    """One process with ``autocast`` (hardware.mixed_precision=autocast: full training, fp32 parameters,
+    the engine's forward under torch.autocast; FSDP2's gathers, casts and gradient copies per
+    micro-batch are gone, the bf16 weight copies autocast saves for the backward are held instead),
+    or one process whose frozen parameters are stored in the compute dtype (LoRA with a bf16 base):
     FSDP2 would shard nothing, only copy every layer's weights into its gather buffer and out again
     before each forward and backward (4,400 copies per step of the 7B LoRA on one H200, 2.5% of it)
     and run its hooks. The adapters then cast themselves to the compute dtype (LoRALinear.forward).
     Float8-stored frozen projections (hardware.frozen_dtype=fp8) qualify too: their matmul takes the
     float8 weight as stored."""
-    if mesh.size() != 1 or param_dtype is None:
+    if mesh.size() != 1:
+        return False
+    if autocast:
+        return True
+    if param_dtype is None:
         return False
     params = list(model.named_parameters())
     trains = [name for name, q in params if q.requires_grad]

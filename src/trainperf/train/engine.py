@@ -118,6 +118,8 @@ class Engine:
         # process with a bf16 LoRA base, parallelize.runs_without_fsdp)
         self._gradient_sync = getattr(self.parts[0][1], "set_requires_gradient_sync", None)
         self._sync_every_micro_batch = spec.train.grad_sync == "every"  # train.grad_sync
+        # hardware.mixed_precision=autocast: no FSDP2 casts the fp32 masters, autocast does (None: off)
+        self._autocast_dtype = param_dtype if spec.hardware.mixed_precision == "autocast" else None
         self.schedule = self._pipeline_schedule() if p.pp > 1 else None
         self._eval_rows: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._evaluating = False
@@ -140,6 +142,11 @@ class Engine:
 
         return context_parallel(self.mesh["cp"], buffers=buffers, buffer_seq_dims=[1, 1, 1, 0],
                                 no_restore_buffers=set(buffers))
+
+    def _autocast(self):
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
     def _inputs(self, ids: torch.Tensor, mask: torch.Tensor):
         ids = ids.to(self.device, non_blocking=True)
@@ -168,9 +175,13 @@ class Engine:
                 pos = positions if self.spec.parallel.cp > 1 else None
                 chunk = self.spec.train.loss_chunk_tokens
                 if chunk > 0:  # the loss inside forward, chunk by chunk: no full logits tensor
-                    loss = model(ids, pos, labels=labels, label_mask=label_mask, loss_chunk_tokens=chunk) / global_tokens
+                    with self._autocast():
+                        loss = model(ids, pos, labels=labels, label_mask=label_mask, loss_chunk_tokens=chunk)
+                    loss = loss / global_tokens
                 else:
-                    loss = masked_loss_sum(model(ids, pos), labels, label_mask) / global_tokens
+                    with self._autocast():
+                        logits = model(ids, pos)
+                    loss = masked_loss_sum(logits, labels, label_mask) / global_tokens
                 (loss * self.scale).backward()
             loss_local += loss.detach()
         return loss_local
@@ -242,7 +253,9 @@ class Engine:
         model = self.parts[0][1]
         ids, labels, label_mask, positions = self._inputs(ids, mask)
         with self._context_parallel([ids, labels, label_mask, positions]), self._loss_parallel():
-            sums, counts = row_loss_sums(model(ids, positions if self.spec.parallel.cp > 1 else None), labels, label_mask)
+            with self._autocast():
+                logits = model(ids, positions if self.spec.parallel.cp > 1 else None)
+            sums, counts = row_loss_sums(logits, labels, label_mask)
         if self.spec.parallel.cp > 1:  # each CP rank saw part of every sequence
             both = torch.stack([sums, counts])
             dist.all_reduce(both, group=self.mesh["cp"].get_group())

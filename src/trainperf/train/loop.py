@@ -10,6 +10,7 @@ when train.max_steps is reached first (aborted: a failed run, never a time).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import platform
@@ -116,6 +117,25 @@ def lr_at(step: int, t: TrainSpec) -> float:
     return floor + (t.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class _UncacheableGraphFilter(logging.Filter):
+    """Drops Inductor's "Failed to pickle cache key" warning when the cause is pickle's "fast mode:
+    can't pickle cyclic objects": torchao's 8-bit optimizer state cannot key Inductor's FX graph
+    cache, so its step compiles afresh in every run (docs/PERFORMANCE.md prices that); the warning
+    and its traceback said so twice per compiled 8B run. Any other cache-key failure still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage().startswith("Failed to pickle cache key")
+                    and isinstance(exc, ValueError) and "cyclic" in str(exc))
+
+
+def quiet_uncacheable_graph_warning() -> None:
+    """Install _UncacheableGraphFilter on Inductor's cache logger (once per process)."""
+    logger = logging.getLogger("torch._inductor.codecache")
+    if not any(isinstance(f, _UncacheableGraphFilter) for f in logger.filters):
+        logger.addFilter(_UncacheableGraphFilter())
+
+
 def build_optimizer(params: list[torch.nn.Parameter], t: TrainSpec) -> torch.optim.Optimizer:
     """train.optimizer: PyTorch's fused AdamW with fp32 states, or torchao's AdamW8bit (both moments in
     8 bits, blocks of 256 with an fp32 scale; tensors under 4096 elements keep fp32 moments). The 8-bit
@@ -124,6 +144,7 @@ def build_optimizer(params: list[torch.nn.Parameter], t: TrainSpec) -> torch.opt
     if t.optimizer == "adamw8bit":
         from torchao.optim import AdamW8bit
 
+        quiet_uncacheable_graph_warning()
         return AdamW8bit(params, **kwargs)
     return torch.optim.AdamW(params, fused=True, **kwargs)
 
