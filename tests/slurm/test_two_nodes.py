@@ -81,3 +81,54 @@ def test_the_nodes_are_two_hosts(two_nodes, tmp_path):
                          capture_output=True, text=True, timeout=60, env=two_nodes.env())
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.split("\n")[:2]) == [f"{n} {address(n)}" for n in NODES], out.stdout
+
+
+def test_sweep_across_two_nodes_submits_resumes_and_reports(two_nodes, tmp_path, monkeypatch):
+    """`trainperf sweep` with slurm.nodes: 2: one batch job, srun starting torchrun on each node with
+    a c10d rendezvous on the first; a second invocation submits nothing, a third collects."""
+    import uuid
+
+    import yaml
+
+    from trainperf.store.db import Store
+
+    monkeypatch.setenv("SLURM_CONF", str(two_nodes.conf))  # slurm.job_info here asks this cluster
+    name = f"two-{uuid.uuid4().hex[:6]}"
+
+    def write(wait: bool) -> None:
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+            "name": name, "backend": "slurm",
+            "slurm": {"partition": "two", "nodes": 2, "gpus_per_node": 0, "time": "00:05:00", "wait": wait,
+                      "poll_seconds": 1, "rdzv_port": 29531},
+            "runs": [{"workload": "mini-pretrain", "nproc_per_node": 2,
+                      "set": {"train.max_steps": 3, "train.micro_batch_size": 4, "hardware.device": "cpu", "eval.every_samples": 1,
+                              "eval.target": 100.0}}]}, sort_keys=False))
+
+    def sweep(*args):
+        out = subprocess.run(trainperf_cmd("sweep", *args, "--db", str(tmp_path / "t.db"), "--out",
+                                           str(tmp_path / "runs"), "--json"),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=240, env=two_nodes.env())
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout), out.stderr
+
+    write(wait=False)
+    counts, err = sweep("s.yaml")
+    assert err.count("submitted slurm job") == 1 and sum(counts[name].values()) == 1, (counts, err)
+    job = slurm.parse_reason(Store(tmp_path / "t.db").sweep_items(name)[0]["reason"])[0]
+    _, err = sweep("s.yaml")  # queued or running: nothing submitted again
+    assert "submitted" not in err
+    write(wait=True)
+    done, err = sweep("s.yaml")
+    assert done[name] == {"pending": 0, "running": 0, "success": 1, "failed": 0}, (done, err)
+    item = Store(tmp_path / "t.db").sweep_items(name)[0]
+    assert slurm.parse_reason(item["reason"])[0] == job and "submitted" not in err
+    info = slurm.job_info(job)
+    assert (info.state, info.exit_code, info.nodes) == ("COMPLETED", 0, "node[1-2]"), info
+    run = Store(tmp_path / "t.db").get_run(item["run_id"])
+    assert run["status"] == "success" and run["world_size"] == 4
+    final, err = sweep("s.yaml")
+    assert final == done and "submitted" not in err and len(Store(tmp_path / "t.db").list_runs()) == 1
+    lines = slurm.status_lines(Store(tmp_path / "t.db"), name)
+    assert any(f"slurm job {job} COMPLETED" in ln for ln in lines), lines
+    print(f"\nsweep on two nodes: {lines}")
+    assert all(two_nodes.node_pids(n) == [] for n in NODES)
