@@ -28,8 +28,24 @@ def adopt_srun_environment() -> None:
         per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]  # "4(x2)": 4 tasks on each of 2 nodes
         if per_node:
             os.environ.setdefault("LOCAL_WORLD_SIZE", per_node)
-        os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
+        os.environ.setdefault("MASTER_ADDR", _first_step_node() or os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
         os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
+
+
+def _first_step_node() -> str | None:
+    """The step's first node, where task 0 (rank 0, the store's host) runs; not srun's own host, which
+    is a login node when srun is typed there. None where scontrol cannot expand the list."""
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    import subprocess  # only under srun
+
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = out.stdout.split() if out.returncode == 0 else []
+    return names[0] if names else None
 
 
 def record_collectives() -> None:
