@@ -243,6 +243,8 @@ def test_the_ruleset_of_a_stored_or_given_run_is_its_rounds():
     assert S.ruleset_of_row(imported, given="6.0.0") == ("6.0.0", "--ruleset")  # named by the user: that one
     recorded = dict(imported, software_json=json.dumps({"round": "v5.0", "ruleset": "5.0.1"}))
     assert S.ruleset_of_row(recorded) == ("5.0.1", "as imported")
+    own = dict(imported, software_json=json.dumps({"round": "v5.0", "ruleset": "5.0.0"}))
+    assert S.ruleset_of_row(own) == ("5.0.0", "round v5.0")  # the round's own ruleset names the round
     # this engine's runs, and logs imported from a folder that names no round: the default
     assert S.ruleset_of_row({"software_json": json.dumps({"round": "v5.0"})}) == ("6.0.0", "default")
     assert S.ruleset_of_row(dict(imported, software_json=json.dumps({"round": "downloads"}))) == ("6.0.0", "default")

@@ -326,9 +326,10 @@ def ruleset_of_row(row: dict, given: str | None = None) -> tuple[str, str]:
     if given:
         return given, "--ruleset"
     recorded = _row_json(row, "software_json").get("ruleset")
-    if isinstance(recorded, str) and re.fullmatch(r"\d+\.\d+\.\d+", recorded):
-        return recorded, "as imported"
     rnd = round_of_row(row)
+    if isinstance(recorded, str) and re.fullmatch(r"\d+\.\d+\.\d+", recorded):
+        # the round's own ruleset says where it came from; any other was chosen at import (--ruleset)
+        return recorded, f"round {rnd}" if rnd and ruleset_of_round(rnd) == recorded else "as imported"
     if rnd:
         return ruleset_of_round(rnd), f"round {rnd}"
     return DEFAULT_RULESET, "default"
