@@ -29,7 +29,7 @@ def test_local_sweep_is_resumable_and_survives_failures(tmp_path):
     (tmp_path / "s.yaml").write_text(SWEEP)
     args = ["--db", str(tmp_path / "t.db"), "--out", str(tmp_path / "runs"), "--json"]
     first = subprocess.run(trainperf_cmd("sweep", "s.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.returncode == 1, first.stderr[-2000:]  # every item failed: the sweep says so
     assert json.loads(first.stdout) == {"nightly": {"pending": 0, "running": 0, "success": 0, "failed": 3}}
     store = Store(tmp_path / "t.db")
     items = {tuple(sorted(i["overrides"].items())): i for i in store.sweep_items("nightly")}
@@ -39,13 +39,13 @@ def test_local_sweep_is_resumable_and_survives_failures(tmp_path):
     assert runs_before == 2
     # run again: nothing finished is run twice
     again = subprocess.run(trainperf_cmd("sweep", "s.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and len(Store(tmp_path / "t.db").list_runs()) == runs_before
+    assert again.returncode == 1 and len(Store(tmp_path / "t.db").list_runs()) == runs_before
     # an item interrupted mid-run (left 'running') is picked up by the next invocation
     some = next(i for i in items.values() if i["run_id"])
     with sqlite3.connect(tmp_path / "t.db") as c:
         c.execute("UPDATE sweep_items SET status = 'running' WHERE item_id = ?", (some["item_id"],))
     resumed = subprocess.run(trainperf_cmd("sweep", "s.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0
+    assert resumed.returncode == 1
     assert len(Store(tmp_path / "t.db").list_runs()) == runs_before + 1
     status = subprocess.run(trainperf_cmd("sweep", "status", "--db", str(tmp_path / "t.db"), "--json"), cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
@@ -74,13 +74,14 @@ def test_two_sweeps_of_one_name_run_each_item_once_and_only_their_own(tmp_path):
     procs = [subprocess.Popen(trainperf_cmd("sweep", "a.yaml", *args), cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    # two steps reach no target: the items fail, and each sweep's exit code says so
+    assert [p.returncode for p in procs] == [1, 1], [o[1][-1500:] for o in outs]
     store = Store(db)
     runs = store.list_runs()
     items = store.sweep_items("shared")
     assert len(runs) == 2 and sorted(i["run_id"] for i in items) == sorted(r["run_id"] for r in runs)
     b = subprocess.run(trainperf_cmd("sweep", "b.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert b.returncode == 0, b.stderr[-1500:]
+    assert b.returncode == 1, b.stderr[-1500:]
     runs_after = Store(db).list_runs()
     assert len(runs_after) == 3
     seeds = {json.loads(r["spec_json"])["train"]["seed"] for r in runs_after}

@@ -46,7 +46,7 @@ runs:
       train.micro_batch_size: [8, abc]
   - workload: no-such-workload
 """)
-    with pytest.raises(SpecError, match=r"mini-pretrain x1 \['train.micro_batch_size=abc'\]: train.micro_batch_size"):
+    with pytest.raises(SpecError, match=r"mini-pretrain x1 train.micro_batch_size=abc: train.micro_batch_size"):
         load_sweep(str(tmp_path / "s.yaml"))
     (tmp_path / "s.yaml").write_text("name: t\nruns:\n  - workload: no-such-workload\n")
     with pytest.raises(SpecError, match="unknown workload 'no-such-workload'"):

@@ -43,8 +43,10 @@ the error it printed, or Slurm's state: TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_
 finished or in flight is submitted again; a failed job never stops the sweep.
 
 The runs write their rows to the same SQLite store (``--db``, passed as an absolute path): it must
-be on a filesystem the nodes share, and only rank 0 writes. With several nodes the store should not
-be on NFS (SQLite's WAL needs a local or a cluster filesystem with working locks).
+be on a filesystem the nodes and the login node share, and only rank 0 of a job writes. SQLite's WAL
+journal is made for processes of one host (https://sqlite.org/wal.html) and file locks are unreliable
+on NFS and SMB: a store on one of those is warned about when the sweep submits (``network_store_note``);
+README.md, "Slurm and the results store", says what to do instead.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trainperf.core.errors import SpecError
+from trainperf.runner.sweep import item_label, slug, sweep_folder
 
 IN_FLIGHT = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
              "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
@@ -174,16 +177,12 @@ def _check_slurm_syntax(cfg: SlurmConfig, where: str) -> None:
 # -- the batch script ------------------------------------------------------------------------------
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "sweep"
-
-
 def job_name(sweep_id: str, item_id: str) -> str:
-    return f"tp-{_slug(sweep_id)[:40]}-{item_id}"
+    return f"tp-{slug(sweep_id)[:40]}-{item_id}"
 
 
 def script_dir(cfg: SlurmConfig, sweep_id: str, out: str) -> Path:
-    return Path(cfg.script_dir or Path(out) / f"sweep-{_slug(sweep_id)}").resolve()
+    return Path(cfg.script_dir).resolve() if cfg.script_dir else sweep_folder(sweep_id, out)
 
 
 def _set_args(overrides: dict, extra_sets: list[str]) -> list[str]:
@@ -193,6 +192,11 @@ def _set_args(overrides: dict, extra_sets: list[str]) -> list[str]:
     for s in extra_sets:
         out += ["--set", s]
     return out
+
+
+# the run's stderr (its progress lines with --json, and its errors) joins its stdout in the job's .out, so
+# the one file `tail -f` follows tells the run as it goes; .err keeps what the script's own lines say
+MERGED = " 2>&1"
 
 
 def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: str, extra_sets: list[str],
@@ -242,7 +246,7 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
     if cfg.nodes == 1 and cfg.launcher == "auto":
         cmd = [*srun, "--ntasks=1", *cfg.extra_srun, *container, cfg.interpreter(), "-m", "trainperf",
                run_args[0], run_args[1], "--nproc-per-node", str(item["nproc"]), *run_args[2:]]
-        lines.append(" ".join(q(c) for c in cmd))
+        lines.append(" ".join(q(c) for c in cmd) + MERGED)
     else:
         lines.append('head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
         cmd = [*srun, "--ntasks-per-node=1", "--kill-on-bad-exit=1", *cfg.extra_srun, *container]
@@ -250,7 +254,7 @@ def render_script(item: dict, cfg: SlurmConfig, *, sweep_id: str, db: str, out: 
         lines.append(" ".join(q(c) for c in cmd + torchrun)
                      + ' --nnodes "$SLURM_NNODES" --nproc-per-node ' + str(item["nproc"])
                      + f' --rdzv-backend c10d --rdzv-endpoint "$head:{cfg.rdzv_port}" --rdzv-id "$SLURM_JOB_ID"'
-                     + " -m trainperf " + " ".join(q(c) for c in run_args))
+                     + " -m trainperf " + " ".join(q(c) for c in run_args) + MERGED)
     lines += ["rc=$?", f'echo "$rc" > {q(str(d / stem))}-"$SLURM_JOB_ID".rc', 'exit "$rc"', ""]
     return "\n".join(lines)
 
@@ -401,8 +405,11 @@ def outcome(info: JobInfo, directory: Path, item_id: str, store=None) -> tuple[s
     detail = (row or {}).get("status_reason") or summary.get("status_reason") or summary.get("error")
     if row and row.get("status") in ("success", "failed"):
         ok = ok and row["status"] == "success"
-    if not ok and not detail:
-        detail = _last_error_line(_read(base.with_suffix(".err")))
+    if not ok and not detail:  # the run's own messages are in .out (MERGED), before its JSON summary
+        out_text = _read(base.with_suffix(".out"))
+        starts = [m.start() for m in re.finditer(r"(?m)^\{", out_text)]
+        detail = _last_error_line(_read(base.with_suffix(".err"))) or _last_error_line(
+            out_text[:starts[-1]] if summary and starts else out_text)
     state = info.state
     if state == "GONE":
         detail = detail or ("Slurm no longer knows the job and it left no exit code (cancelled before it "
@@ -456,9 +463,39 @@ def refresh(store, sweep_id: str | None = None, echo=None) -> list[dict]:
         store.set_sweep_item(row["sweep_id"], row["item_id"], status, run_id,
                              reason_text(job_id, detail, script) if script else f"slurm job {job_id} {detail}")
         if echo:
-            echo(f"{status:7s} {row['workload']} x{row['nproc']} {_set_args(row['overrides'], [])[1::2]} "
-                 f"{run_id or ''} slurm job {job_id} {detail}".rstrip())
+            echo(f"{status:7s} {item_label(row)} {run_id or ''} slurm job {job_id} {detail}".rstrip())
     return in_flight
+
+
+NETWORK_FILE_SYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "9p")
+
+
+def file_system_type(path: str | os.PathLike) -> str | None:
+    """The type of the file system holding ``path`` (its nearest existing folder), from /proc/mounts."""
+    where = Path(path).resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines() if len(line.split()) > 2]
+    except OSError:
+        return None
+    best = None
+    for mount, kind in mounts:
+        mount = mount.replace("\\040", " ")
+        if (where == Path(mount) or Path(mount) in where.parents) and (best is None or len(mount) >= len(best[0])):
+            best = (mount, kind)
+    return best[1] if best else None
+
+
+def network_store_note(db: str) -> str | None:
+    """A warning line when the results store is on NFS or SMB, where SQLite's locks are not to be trusted."""
+    kind = file_system_type(db)
+    if kind not in NETWORK_FILE_SYSTEMS:
+        return None
+    return (f"warning: the results store {str(Path(db).resolve())!r} is on {kind}: SQLite's locking and WAL are not "
+            "reliable there when jobs on other nodes write it (rows may be lost, or the file damaged); put --db on "
+            "a cluster file system with working locks (Lustre mounted with flock, GPFS, BeeGFS), see README.md "
+            "'Slurm and the results store'")
 
 
 def run_slurm(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str], cfg: SlurmConfig,
@@ -466,6 +503,9 @@ def run_slurm(store, sweep_id: str, items: list[dict], db: str, out: str, extra_
     """Submit every item not yet finished nor in Slurm's queue; with wait, poll until all have ended."""
     if not available():
         raise SpecError("backend: slurm but sbatch/scontrol are not on PATH (run the sweep on a Slurm login node)")
+    note = network_store_note(db)
+    if note:
+        echo(note)
     store.add_sweep_items(sweep_id, items)
     directory = script_dir(cfg, sweep_id, out)
     directory.mkdir(parents=True, exist_ok=True)
@@ -486,7 +526,7 @@ def _submit_unfinished(store, sweep_id: str, items: list[dict], db: str, out: st
             continue
         job_id, _ = parse_reason(row["reason"])
         if row["status"] == "running" and job_id:
-            echo(f"queued  {row['workload']} x{row['nproc']} {row['reason'].rsplit('; /', 1)[0]}")
+            echo(f"queued  {item_label(row)} {row['reason'].rsplit('; /', 1)[0]}")
             continue  # still in Slurm's queue (refresh finished the rest)
         script = directory / f"{row['item_id']}.sbatch"
         adopted = queued.get(job_name(sweep_id, row["item_id"]))
@@ -499,11 +539,10 @@ def _submit_unfinished(store, sweep_id: str, items: list[dict], db: str, out: st
                 job_id = submit(script)
             except RuntimeError as exc:  # not a job failure: leave it pending, the next invocation retries
                 store.set_sweep_item(sweep_id, row["item_id"], "pending", None, f"{exc}; {script}")
-                echo(f"pending {row['workload']} x{row['nproc']} {exc}")
+                echo(f"pending {item_label(row)} {exc}")
                 continue
         store.set_sweep_item(sweep_id, row["item_id"], "running", None, reason_text(job_id, "SUBMITTED", script))
-        echo(f"{'adopted' if adopted else 'submitted'} slurm job {job_id}: {row['workload']} x{row['nproc']} "
-             f"{_set_args(row['overrides'], [])[1::2]} ({script})")
+        echo(f"{'adopted' if adopted else 'submitted'} slurm job {job_id}: {item_label(row)} ({script})")
 
 
 def wait_for(store, sweep_id: str, poll_seconds: float, echo=print) -> None:
@@ -530,7 +569,7 @@ def status_lines(store, sweep_id: str | None = None) -> list[str]:
     lines = []
     for r in store.sweep_items(sweep_id):
         job_id, _ = parse_reason(r["reason"])
-        what = f"{r['workload']} x{r['nproc']} {' '.join(_set_args(r['overrides'], [])[1::2])}"
+        what = item_label(r)
         tail = (r["reason"] or "").rsplit("; /", 1)[0] if job_id else (r["reason"] or "")
         lines.append(f"{r['sweep_id']} {r['item_id']} {r['status']:7s} {what}  {r['run_id'] or ''} {tail}".rstrip())
     return lines

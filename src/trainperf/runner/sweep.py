@@ -18,7 +18,11 @@ every item that already finished and only runs what is pending (or was interrupt
 ``backend: local`` (the default): items run one after another through `trainperf run` in their own
 process tree, so an OOM or a crash is recorded against that item and the queue goes on. An item is
 claimed in the store before it runs (two sweep processes never run one item twice); a SIGTERM to the
-sweep reaches the run, and the item goes back to pending for the next invocation.
+sweep reaches the run, and the item goes back to pending for the next invocation. Each item's output
+(its progress lines, errors and JSON summary) is kept in ``<out>/sweep-<name>/<item_id>.log``, one
+section per attempt, and a line is printed as each item starts and as it ends. A failed item stays
+failed until ``trainperf sweep retry FILE`` (``--retry-failed``) puts it back to run; an item that
+succeeded is never run again.
 ``backend: slurm`` with a ``slurm:`` mapping (partition, nodes, gpus_per_node, time, account,
 extra_sbatch, setup, container_image, container_mounts, ...; see runner/slurm.py): one sbatch job per
 unfinished item, its job id recorded on the item; re-running the file collects finished jobs and
@@ -33,8 +37,11 @@ import itertools
 import json
 import math
 import os
+import re
+import shlex
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -198,8 +205,24 @@ def checked_sweep(data: dict, where: str, extra_sets: list[str] = ()) -> tuple[s
     return name, items
 
 
-def _item_label(item: dict) -> str:
-    return printable(f"{item['workload']} x{item['nproc']} {_set_args(item['overrides'])[1::2]}", 300)
+def item_label(item: dict) -> str:
+    """'mini-lora x2 train.seed=1 parallel.tp=2': what an item runs, as a line of a sweep's output."""
+    sets = " ".join(_set_args(item["overrides"])[1::2])
+    return printable(f"{item['workload']} x{item['nproc']}" + (f" {sets}" if sets else ""), 300)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "sweep"
+
+
+def sweep_folder(sweep_id: str, out: str) -> Path:
+    """Where a sweep keeps its items' logs (local) or batch scripts and job output (Slurm)."""
+    return (Path(out) / f"sweep-{slug(sweep_id)}").resolve()
+
+
+def item_log(sweep_id: str, item_id: str, out: str) -> Path:
+    """The log of a local item: every attempt's stderr (progress lines, errors) and JSON summary."""
+    return sweep_folder(sweep_id, out) / f"{item_id}.log"
 
 
 def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
@@ -209,7 +232,34 @@ def _item_spec(item: dict, where: str, extra_sets: list[str] = ()):
         return resolve_spec(get_workload(item["workload"]).defaults(), None,
                             [*_set_args(item["overrides"])[1::2], *extra_sets])
     except SpecError as exc:
-        raise SpecError(f"{where}: {_item_label(item)}: {exc}") from None
+        raise SpecError(f"{where}: {item_label(item)}: {exc}") from None
+
+
+def check_paths_before_queueing(items: list[dict], extra_sets: list[str] = ()) -> None:
+    """SpecError, before a Slurm job queues, for what its run would refuse at once after the queue wait:
+    a closed-division rule (the benchmark's checkpoint and data not given, a fixed value changed) and a
+    data.path or model.path this host does not see. A path inside a container is checked at its host
+    side (slurm.container_mounts SRC:DST)."""
+    from trainperf.mlperf.recipes import check_closed_rules  # the MLPerf rules: only for a Slurm sweep
+
+    for item in items:
+        spec = _item_spec(item, "sweep", extra_sets)
+        try:
+            check_closed_rules(spec, architecture=False)
+        except SpecError as exc:
+            raise SpecError(f"{item_label(item)}: {exc} (checked before the job queues)") from None
+        mounts = [m.split(":")[:2] for m in item["slurm"].container_mounts if ":" in m]
+        for key in ("data.path", "model.path"):
+            path = getattr(spec.data if key == "data.path" else spec.model, "path")
+            if not path:
+                continue
+            here = next((src + path[len(dst):] for src, dst in mounts
+                         if path == dst or path.startswith(dst.rstrip("/") + "/")), path)
+            if not Path(here).exists():
+                seen = "" if here == path else f" (host side of the container mount: {printable(here, 200)!r})"
+                raise SpecError(f"{item_label(item)}: {key}={printable(path, 200)!r} does not exist on this host"
+                                f"{seen}; the job would fail after its queue wait: give a path on the file system "
+                                "the nodes share")
 
 
 def layout_problem(item: dict, extra_sets: list[str] = ()) -> str | None:
@@ -234,9 +284,14 @@ def _set_args(overrides: dict) -> list[str]:
 
 
 def run_sweep(store, sweep_id: str, items: list[dict], db: str, out: str, extra_sets: list[str],
-              echo=print, wait: bool | None = None, take_over: bool = False) -> dict:
+              echo=print, wait: bool | None = None, take_over: bool = False, retry_failed: bool = False) -> dict:
     """Run (local) or submit (slurm) every unfinished item with the file's backend; counts by status.
-    wait (slurm only): block until the submitted jobs end (None: the file's slurm.wait)."""
+    wait (slurm only): block until the submitted jobs end (None: the file's slurm.wait).
+    retry_failed: the items that failed are put back to run first (those that succeeded never are)."""
+    if retry_failed:
+        store.add_sweep_items(sweep_id, items)
+        again = store.retry_failed_sweep_items(sweep_id, [it["item_id"] for it in items])
+        echo(f"sweep {sweep_id}: {len(again)} failed item{'' if len(again) == 1 else 's'} put back to run")
     if items and items[0].get("backend") == "slurm":
         from trainperf.runner import slurm
 
@@ -259,39 +314,65 @@ def _run_local(store, sweep_id: str, items: list[dict], db: str, out: str, extra
     that share a name) never run an item twice; an item another live process holds is skipped."""
     store.add_sweep_items(sweep_id, items)
     problems = {item["item_id"]: layout_problem(item, extra_sets) for item in items}
-    for item in sorted(items, key=lambda it: problems[it["item_id"]] is None):  # the refused ones first, at once
+    before = {r["item_id"]: r["status"] for r in store.sweep_items(sweep_id)}
+    done = sum(before.get(it["item_id"]) == "success" for it in items)
+    failed = sum(before.get(it["item_id"]) == "failed" for it in items)
+    echo(f"sweep {sweep_id}: {len(items)} item{'' if len(items) == 1 else 's'} ({done} succeeded, {failed} failed "
+         f"before); the others run one after another, each one's log in {sweep_folder(sweep_id, out)}")
+    if failed:
+        echo(f"  {failed} failed item{'' if failed == 1 else 's'} not run again: `trainperf sweep retry FILE` "
+             "(or --retry-failed) runs them")
+    order = sorted(items, key=lambda it: problems[it["item_id"]] is None)  # the refused ones first, at once
+    for n, item in enumerate(order, 1):
         row = store.claim_sweep_item(sweep_id, item["item_id"], take_over=take_over)
+        at = f"[{n}/{len(order)}]"
         if row is None:
             holder = store.sweep_item_holder(sweep_id, item["item_id"])
             if holder and holder.startswith("its previous run"):  # never two runs of one item at once
-                echo(f"skipped {_item_label(item)}: {holder}; it runs when they have ended")
+                echo(f"{at} skipped {item_label(item)}: {holder}; it runs when they have ended")
             elif holder:  # finished items are skipped silently: a sweep is idempotent
-                echo(f"skipped {_item_label(item)}: running in {holder} (if that sweep is gone, --take-over runs it)")
+                echo(f"{at} skipped {item_label(item)}: running in {holder} (if that sweep is gone, --take-over runs it)")
             continue
         if problems[item["item_id"]]:
             store.set_sweep_item(sweep_id, row["item_id"], "failed", None, problems[item["item_id"]])
-            echo(f"failed  {_item_label(row)} {problems[item['item_id']]}")
+            echo(f"{at} failed  {item_label(row)}: {problems[item['item_id']]}")
             continue
-        cmd = [sys.executable, "-m", "trainperf", "run", row["workload"], "--nproc-per-node", str(row["nproc"]),
-               "--json", "--db", db, "--out", out, *_set_args(row["overrides"]), "--sweep-item",
-               json.dumps({"sweep_id": sweep_id, "item_id": row["item_id"], "owner_pid": os.getpid()})]
-        for s in extra_sets:
-            cmd += ["--set", s]
-        with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
-            try:
-                returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
-                    store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)), pass_sigint=True)
-            except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
-                store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
-                                     f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")
-                raise
-            summary, err = _read_json(stdout), _read(stderr)
-        status = "success" if returncode == 0 else "failed"
-        reason = summary.get("status_reason") or summary.get("error") or (
-            err.strip().splitlines()[-1] if returncode and err.strip() else None)
-        store.set_sweep_item(sweep_id, row["item_id"], status, summary.get("run_id"), reason)
-        echo(f"{status:7s} {_item_label(row)} {summary.get('run_id') or ''} {reason or ''}".rstrip())
+        _run_item(store, sweep_id, row, db, out, extra_sets, echo, at)
     return status_counts(store, sweep_id)
+
+
+def _run_item(store, sweep_id: str, row: dict, db: str, out: str, extra_sets: list[str], echo, at: str) -> None:
+    """Run one claimed item through `trainperf run`, its stderr and summary kept in its log; record its end."""
+    args = ["run", row["workload"], "--nproc-per-node", str(row["nproc"]), "--json", "--db", db, "--out", out,
+            *_set_args(row["overrides"]), *[a for s in extra_sets for a in ("--set", s)]]
+    cmd = [sys.executable, "-m", "trainperf", *args, "--sweep-item",
+           json.dumps({"sweep_id": sweep_id, "item_id": row["item_id"], "owner_pid": os.getpid()})]
+    log = item_log(sweep_id, row["item_id"], out)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    echo(f"{at} start   {item_label(row)} (log: {log})")
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as stdout, open(log, "a+") as stderr:
+        stderr.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} trainperf {shlex.join(args)}\n")
+        stderr.flush()
+        start = stderr.tell()
+        try:
+            returncode = run_passing_signals(cmd, stdout=stdout, stderr=stderr, on_start=lambda pgid: (
+                store.set_sweep_item_run_group(sweep_id, row["item_id"], pgid)), pass_sigint=True)
+        except Interrupted as exc:  # the run has recorded its own end; this item runs again on resume
+            store.set_sweep_item(sweep_id, row["item_id"], "pending", _run_id(stdout),
+                                 f"the sweep was stopped ({exc}); it runs again when the sweep is resumed")
+            raise
+        stderr.seek(start)
+        err = stderr.read()
+        summary = _read_json(stdout)
+        stderr.write(_read(stdout).rstrip("\n") + f"\n=== exit {returncode} after {time.monotonic() - t0:.0f} s\n")
+    status = "success" if returncode == 0 else "failed"
+    reason = summary.get("status_reason") or summary.get("error") or (
+        printable(err.strip().splitlines()[-1], 500) if returncode and err.strip() else None)
+    store.set_sweep_item(sweep_id, row["item_id"], status, summary.get("run_id"), reason)
+    took = f"{time.monotonic() - t0:.0f} s"
+    echo(f"{at} {status:7s} {item_label(row)} {summary.get('run_id') or ''} ({took}){': ' + reason if reason else ''}"
+         + (f" (log: {log})" if status != "success" else ""))
 
 
 def _read(fh) -> str:

@@ -573,6 +573,25 @@ class Store:
                       "WHERE sweep_id = ? AND item_id = ? AND NOT (status = 'success' AND ? = 'pending')",
                       (status, run_id, reason, status, now, status, now, sweep_id, item_id, status))
 
+    def retry_failed_sweep_items(self, sweep_id: str, item_ids: list[str]) -> list[str]:
+        """Put the failed ones of ``item_ids`` back to pending, in one transaction, for `sweep retry`; an
+        item whose recorded run succeeded after all becomes 'success' instead (never run twice). The ids
+        put back."""
+        wanted, again = set(item_ids), []
+        with self.transaction() as c:
+            for row in c.execute("SELECT item_id, run_id FROM sweep_items WHERE sweep_id = ? AND status = 'failed'",
+                                 (sweep_id,)).fetchall():
+                if row["item_id"] not in wanted:
+                    continue
+                if self._run_succeeded(c, row["run_id"]):
+                    c.execute("UPDATE sweep_items SET status = 'success', reason = NULL WHERE sweep_id = ? AND "
+                              "item_id = ?", (sweep_id, row["item_id"]))
+                    continue
+                c.execute("UPDATE sweep_items SET status = 'pending' WHERE sweep_id = ? AND item_id = ? AND "
+                          "status = 'failed'", (sweep_id, row["item_id"]))
+                again.append(row["item_id"])
+        return again
+
     def claim_sweep_item(self, sweep_id: str, item_id: str, take_over: bool = False) -> dict | None:
         """Mark a local item 'running' for this process, atomically, if no one else runs it: it is pending,
         or 'running' for a process known gone (an interrupted sweep), or ``take_over`` (the user knows its
