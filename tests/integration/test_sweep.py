@@ -31,6 +31,9 @@ def test_local_sweep_is_resumable_and_survives_failures(tmp_path):
     first = subprocess.run(trainperf_cmd("sweep", "s.yaml", *args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == 1, first.stderr[-2000:]  # every item failed: the sweep says so
     assert json.loads(first.stdout) == {"nightly": {"pending": 0, "running": 0, "success": 0, "failed": 3}}
+    logs = sorted((tmp_path / "runs" / "sweep-nightly").glob("*.log"))
+    assert len(logs) == 2 and all(f"(log: {log})" in first.stderr for log in logs), first.stderr[-2000:]
+    assert all("=== exit 1 after" in log.read_text() and '"status": "failed"' in log.read_text() for log in logs)
     store = Store(tmp_path / "t.db")
     items = {tuple(sorted(i["overrides"].items())): i for i in store.sweep_items("nightly")}
     bad = items[(("parallel.tp", 3),)]
