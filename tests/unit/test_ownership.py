@@ -271,7 +271,11 @@ def test_the_summary_of_an_abnormal_end_prints_without_a_traceback(tmp_path, cap
     _row(s, "r1")
     s.mark_failed_if_running("r1", "interrupted: received SIGTERM")
     s.close()
-    summary = abnormal_end_summary(mini_pretrain_defaults(), "r1", tmp_path / "r1", str(tmp_path / "t.db"))
+    from trainperf.runner.row import RunRow
+
+    row = RunRow(tmp_path / "t.db", "r1")
+    summary = abnormal_end_summary(mini_pretrain_defaults(), row, tmp_path / "r1").as_dict()
+    row.close()
     _print_summary(summary)
     out = capsys.readouterr().out
     assert "FAILED" in out and "received SIGTERM" in out and str(tmp_path / "r1" / "mllog.txt") in out

@@ -35,7 +35,7 @@ def test_a_runs_mfu_is_from_tokens_per_second_per_gpu(tmp_path, world):
     spec.hardware.device = "cpu"
     tokens_per_step, flops_per_token, peak = 4096, 3.0e9, 50e12
     run = SimpleNamespace(
-        spec=spec, ctx=loop.RunContext(run_id="r", out_dir=tmp_path, db_path=None), world=world, device_type="cpu",
+        spec=spec, ctx=loop.RunContext(run_id="r", out_dir=tmp_path), world=world, device_type="cpu",
         tokens_per_step=tokens_per_step, flops_per_token=flops_per_token, peak=peak, hw={}, run_start=0.0,
         memory_peaks=lambda: (1.0, 0.5, (0.0, 0)), export=lambda: (None, None), offloaded_before=0, kept_before=0,
         clock=SimpleNamespace(times=lambda: [9.0, 0.5, 0.5, 0.5]),  # the first step (warm-up) is left out

@@ -18,7 +18,8 @@ from trainperf.core.results import (
 )
 from trainperf.core.spec import eval_interval_samples, eval_skip_count
 from trainperf.mlperf import recipes as mlperf
-from trainperf.report.table import COLUMNS, rows_for_json
+from trainperf.report.columns import STORED_FIELDS as COLUMNS
+from trainperf.report.table import rows_for_json
 from trainperf.store.db import RUN_RESULT_FIELDS, Store
 
 # summary.json's keys, in order, as every run has written them

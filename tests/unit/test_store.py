@@ -277,13 +277,13 @@ def test_a_healthy_store_on_a_full_disk_is_said_to_be_on_a_full_disk(tmp_path, m
 
 
 def test_a_run_refused_by_its_store_leaves_no_run_folder(tmp_path, monkeypatch):
-    from trainperf.runner import local
+    from trainperf.runner import local, row
     from trainperf.workloads import get_workload
 
     def full(*args, **kwargs):
         raise StoreError("results store 't.db': the disk is full (0 bytes free)")
 
-    monkeypatch.setattr(local, "Store", full)
+    monkeypatch.setattr(row, "Store", full)
     spec = get_workload("mini-pretrain").defaults()
     with pytest.raises(StoreError, match="disk is full"):
         local.launch(spec, str(tmp_path / "out" / "runs"), str(tmp_path / "t.db"), 1, False)
@@ -292,6 +292,7 @@ def test_a_run_refused_by_its_store_leaves_no_run_folder(tmp_path, monkeypatch):
 
 def test_a_run_whose_store_cannot_be_written_still_has_a_summary(tmp_path, monkeypatch):
     from trainperf.runner import local
+    from trainperf.runner.row import RunRow
     from trainperf.workloads import get_workload
 
     class FullStore:
@@ -300,8 +301,12 @@ def test_a_run_whose_store_cannot_be_written_still_has_a_summary(tmp_path, monke
         def mark_failed_if_running(self, run_id, reason):
             raise sqlite3.OperationalError("database or disk is full")
 
-    ended = local._mark_failed(FullStore(), "r1", "the disk is full: OSError: [Errno 28] No space left on device")
+        def get_run(self, run_id):
+            raise StoreError("the disk is full")
+
+    row = RunRow(tmp_path / "t.db", "r1")
+    row._store = FullStore()  # the row's connection, on a disk that has filled up since it was opened
+    ended = row.mark_failed("the disk is full: OSError: [Errno 28] No space left on device")
     assert ended.startswith("the disk is full") and "not recorded in the store: the disk is full" in ended
-    monkeypatch.setattr(local, "Store", lambda *a, **k: (_ for _ in ()).throw(StoreError("the disk is full")))
-    summary = local.abnormal_end_summary(get_workload("mini-pretrain").defaults(), "r1", tmp_path, "t.db", ended)
+    summary = local.abnormal_end_summary(get_workload("mini-pretrain").defaults(), row, tmp_path, ended).as_dict()
     assert summary["status"] == "failed" and summary["status_reason"] == ended

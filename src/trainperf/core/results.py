@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 
 def _meta(column: str | None = None, *, result: bool = False, json: bool = False, report: bool = False) -> dict:
@@ -79,6 +80,37 @@ class RunSummary:
     def result_columns(self) -> dict:
         """{store column: value} of what ``finish_run`` records when the run ends."""
         return {f.metadata["column"]: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["result"]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunSummary:
+        """A summary.json read back (another process's run): its fields, typed again; keys it does not
+        know are left out, fields it lacks (an older summary.json) are None."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{k: data.get(k) for k in names if k in data or k != "predicted"})
+
+    @classmethod
+    def ended_early(cls, run_id: str, workload: str, status: str, reason: str, target: float, layout: str,
+                    world_size: int | None, run_dir: Path) -> RunSummary:
+        """The summary of a run that wrote none (killed, interrupted, a rank died, a full disk): what the
+        store says of it; no result is known."""
+        known = {"run_id": run_id, "workload": workload, "status": status, "status_reason": reason, "target": target,
+                 "layout": layout, "world_size": world_size, "mllog": str(run_dir / "mllog.txt"),
+                 "out_dir": str(run_dir), "evals": [], "predicted": None}
+        return cls(**{f.name: known.get(f.name) for f in dataclasses.fields(cls)})
+
+
+class RunRecord(Protocol):
+    """Where a run's rank 0 records it (the runner's ``RunRow``, lent through the trainer's context): the
+    run's start, then its typed summary or its failure. ``finished``/``failed`` are False when the row
+    was already ended by someone else (its launcher gone)."""
+
+    folder: Path  # where the record is kept (a full disk is looked for there)
+
+    def started(self, hardware: dict, software: dict, predicted: dict) -> None: ...
+
+    def finished(self, summary: RunSummary, evals: list[dict], steps: list[dict], summary_path: Path) -> bool: ...
+
+    def failed(self, status: str, reason: str, evals: list[dict], steps: list[dict]) -> bool: ...
 
 
 def _names(flag: str) -> tuple[str, ...]:

@@ -25,13 +25,12 @@ from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.core.untrusted import printable
 from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
 from trainperf.mlperf.score import run_set_of, score_stored_set
+from trainperf.report.columns import page_cells, page_headers
 from trainperf.report.labels import (
     MFU_HEADER,
     MFU_NOTE,
-    division_label,
     mfu_text,
     precision_of,
-    status_label,
 )
 from trainperf.report.plots import (
     eval_curves_png,
@@ -343,15 +342,7 @@ def _scores_section(scores: list[dict]) -> str:
 def _runs_section(runs: list[dict], total: int) -> str:
     cut = (f"<p>The newest {len(runs)} of {total} runs (<code>report --limit</code>); {total - len(runs)} older "
            "runs are not listed here. Every table, score and plot above is of all of them.</p>" if len(runs) < total else "")
-    return "<h2>Runs</h2>" + cut + _table(
-        ["run", "workload", "engine", "kind", "status", "GPUs", "layout", "GBS/MBS", "time to train (min)", "samples",
-         "eval / target", "tokens/s/GPU", MFU_HEADER, "division"],
-        [[r["run_id"], r["workload"], engine_of(r), r.get("purpose") or "run", status_label(r), r["world_size"],
-          full_layout_of(r), "/".join(_f(x, "") for x in row_key(r)[3:]), _min(r.get("time_to_train_s")),
-          _f(r.get("samples_to_target"), "d"),
-          f"{_f(r.get('final_eval_loss'), '.4f')} / {_f(r.get('target') or None, '.4f')}",
-          _f(r.get("tokens_per_s_per_gpu"), ",.0f"), mfu_text(r.get("mfu"), gpu_model_of(r), precision_of(r)),
-          division_label(r)] for r in runs])
+    return "<h2>Runs</h2>" + cut + _table(page_headers(), [page_cells(r) for r in runs])  # report/columns.py
 
 
 def _where(rs) -> str:

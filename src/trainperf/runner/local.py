@@ -25,6 +25,7 @@ from trainperf.core.flops import lora_params, total_params
 from trainperf.core.layout import layout_string
 from trainperf.core.processes import process_start_time
 from trainperf.core.resolve import resolve_spec
+from trainperf.core.results import RunSummary
 from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
@@ -34,7 +35,8 @@ from trainperf.parallel.launcher import RANKS_END_ENV, Interrupted, killed_ranks
 from trainperf.plan.costs import check_memory, estimate
 from trainperf.plan.hardware import preset_for_device
 from trainperf.runner.checks import cuda_available, validate_run
-from trainperf.store.db import Store, StoreError, disk_full_reason
+from trainperf.runner.row import RunRow
+from trainperf.store.db import StoreError, disk_full_reason
 from trainperf.trace.capture import profiler_for
 from trainperf.train.live_metrics import MetricsServer
 from trainperf.train.loop import RunContext, RunHooks, RunInterrupted, apply_cuda_alloc_conf, pick_device, train
@@ -235,61 +237,78 @@ def git_sha() -> str | None:
 def launch(spec: RunSpec, out_root: str, db_path: str, nproc_per_node: int, progress: bool | str,
            purpose: str = "run", sweep_item: dict | None = None) -> dict:
     """Run the job to completion and return its summary (status success or failed). ``sweep_item``: the
-    sweep item the run is for, linked to the run's row as it is made (``Store.create_run``)."""
+    sweep item the run is for, linked to the run's row as it is made (``Store.create_run``). The run's
+    ``RunRow`` is this launcher's from the row's creation to its end; one rank trains in this process
+    on the same row, several torchrun workers attach to it."""
     apply_cuda_alloc_conf(spec)  # in-process training and torchrun's workers (they inherit the environment)
     run_id = new_run_id(spec.workload)
     run_dir = Path(out_root) / run_id
     made = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # what a refused start removes again
     run_dir.mkdir(parents=True, exist_ok=True)
+    row = RunRow(db_path, run_id)
     try:
-        store = Store(db_path)
-        store.reap_dead_runs()
-        store.create_run(run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), nproc_per_node,
-                         spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(run_dir),
-                         git_sha=git_sha(), purpose=purpose, sweep_item=sweep_item)
+        row.create(spec, nproc_per_node, run_dir, git_sha=git_sha(), purpose=purpose, sweep_item=sweep_item, reap=True)
     except BaseException:  # no row was made (a full disk, a store gone bad): no run folder either
+        row.close()
         _remove_empty(made)
         raise
-    ended = None  # why the run failed, when the store could not be told
+    try:
+        summary, ended = _train_or_torchrun(spec, row, run_dir, db_path, nproc_per_node, progress)
+        if summary is None:
+            summary = abnormal_end_summary(spec, row, run_dir, ended)
+    finally:
+        row.close()
+    return summary.as_dict()  # what the command prints
+
+
+def _train_or_torchrun(spec: RunSpec, row: RunRow, run_dir: Path, db_path: str, nproc_per_node: int,
+                       progress: bool | str) -> tuple[RunSummary | None, str | None]:
+    """(the run's summary, or None when it wrote none; why it failed, when the store could not be told)."""
+    ended, summary = None, None
     try:
         (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         if nproc_per_node == 1:  # one rank: no need for a torchrun process tree
             try:
-                train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
-                                       hooks=run_hooks()))
+                summary = train(spec, RunContext(run_id=row.run_id, out_dir=run_dir, row=row, progress=progress,
+                                                 hooks=run_hooks()))
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
         else:
             (run_dir / "launch.json").write_text(json.dumps(
-                {"spec": spec.to_dict(), "run_id": run_id, "db_path": str(Path(db_path).resolve()), "progress": progress,
-                 "launcher_pid": os.getpid(), "launcher_started": process_start_time(os.getpid())}))
+                {"spec": spec.to_dict(), "run_id": row.run_id, "db_path": str(Path(db_path).resolve()),
+                 "progress": progress, "launcher_pid": os.getpid(), "launcher_started": process_start_time(os.getpid())}))
             env = dict(os.environ)
             if spec.hardware.device == "cpu" or not cuda_available():
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
             env[RANKS_END_ENV] = str(run_dir / "ranks_end.json")  # which rank ended how, if any fails
             cmd = torchrun_command(nproc_per_node, "trainperf.runner.worker", str(run_dir))
-            returncode = run_torchrun(cmd, env, on_start=lambda pgid: store.update_run_info(run_id, pgid=pgid),
+            returncode = run_torchrun(cmd, env, on_start=row.set_process_group,
                                       pass_sigint=True)  # the ranks record which signal stopped the run
             if returncode != 0:
-                record_abnormal_end(store, run_id, run_dir, f"torchrun exited with code {returncode}")
+                record_abnormal_end(row.store, row.run_id, run_dir, f"torchrun exited with code {returncode}")
     except (Interrupted, RunInterrupted) as exc:  # SIGTERM (a sweep, a scheduler): a failed run, reported as one
-        ended = _mark_failed(store, run_id, f"interrupted: {exc}")
+        ended = row.mark_failed(f"interrupted: {exc}")
     except KeyboardInterrupt:  # SIGINT to a one-process run
-        ended = _mark_failed(store, run_id, "interrupted: received SIGINT")
+        ended = row.mark_failed("interrupted: received SIGINT")
     except Exception as exc:  # a failed run, reported as one; the traceback is kept with the run
-        ended = _mark_failed(store, run_id, failure_reason(exc, run_dir, keep=traceback.format_exc()))
+        ended = row.mark_failed(failure_reason(exc, run_dir, keep=traceback.format_exc()))
     finally:
-        unrecorded = _mark_failed(store, run_id, "the run ended without recording a result")
+        unrecorded = row.mark_failed("the run ended without recording a result")
         ended = ended or unrecorded
-        store.close()
+    return summary or _summary_written(run_dir), ended
+
+
+def _summary_written(run_dir: Path) -> RunSummary | None:
+    """The summary the workers' rank 0 wrote (another process's), typed again; None when it wrote none
+    or it was cut short (a full disk: the store's record is the summary then)."""
     summary_file = run_dir / "summary.json"
-    if summary_file.is_file():
-        try:
-            return json.loads(summary_file.read_text())
-        except (OSError, ValueError):  # cut short (a full disk): the store's record is the summary
-            pass
-    return abnormal_end_summary(spec, run_id, run_dir, db_path, ended)
+    if not summary_file.is_file():
+        return None
+    try:
+        return RunSummary.from_dict(json.loads(summary_file.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def failure_reason(exc: BaseException, run_dir: Path, keep: str | None = None) -> str:
@@ -311,16 +330,6 @@ def failure_reason(exc: BaseException, run_dir: Path, keep: str | None = None) -
     return reason
 
 
-def _mark_failed(store: Store, run_id: str, reason: str) -> str | None:
-    """Mark the run failed if it is still running; what could not be recorded (the store on a full
-    disk, say) is returned, to be told with the run's summary instead."""
-    try:
-        store.mark_failed_if_running(run_id, reason)
-        return None
-    except sqlite3.Error as exc:
-        return f"{reason} (not recorded in the store: {disk_full_reason(exc, store.path.parent) or exc})"
-
-
 def _remove_empty(folders: list[Path]) -> None:
     """Remove the folders a refused run made (deepest first), each only while it is empty."""
     for folder in folders:
@@ -330,25 +339,19 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
-def abnormal_end_summary(spec: RunSpec, run_id: str, run_dir: Path, db_path: str, ended: str | None = None) -> dict:
+def abnormal_end_summary(spec: RunSpec, row: RunRow, run_dir: Path, ended: str | None = None) -> RunSummary:
     """The summary of a run that wrote none (killed, interrupted, a rank died, a full disk): what the
-    store says of it, with every key a summary printer reads. ``ended``: why it failed, when the store
-    could not be told (or read)."""
+    store says of it. ``ended``: why it failed, when the store could not be told (or read)."""
     try:
-        store = Store(db_path, read_only_ok=True)
-        try:
-            row = store.get_run(run_id) or {}
-        finally:
-            store.close()
+        stored = row.read()
     except (StoreError, sqlite3.Error) as exc:
-        row = {"status": "failed", "status_reason": ended or f"the store could not be read ({exc})"}
-    if ended and row.get("status") in (None, "running"):
-        row = {**row, "status": "failed", "status_reason": ended}
-    return {"run_id": run_id, "workload": spec.workload, "status": row.get("status", "failed"),
-            "status_reason": row.get("status_reason") or ended or "the run ended without recording a result",
-            "target": spec.eval.target, "layout": layout_string(spec.parallel), "world_size": row.get("world_size"),
-            "time_to_train_s": None, "samples_to_target": None, "tokens_per_s": None, "mfu": None,
-            "peak_mem_gib": None, "mllog": str(run_dir / "mllog.txt"), "out_dir": str(run_dir)}
+        stored = {"status": "failed", "status_reason": ended or f"the store could not be read ({exc})"}
+    if ended and stored.get("status") in (None, "running"):
+        stored = {**stored, "status": "failed", "status_reason": ended}
+    return RunSummary.ended_early(
+        row.run_id, spec.workload, stored.get("status", "failed"),
+        stored.get("status_reason") or ended or "the run ended without recording a result", spec.eval.target,
+        layout_string(spec.parallel), stored.get("world_size"), run_dir)
 
 
 def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
@@ -385,10 +388,14 @@ def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: b
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+    row = RunRow(db_path, run_id)  # opened by rank 0 alone, when first used
     try:
-        summary = train(spec, RunContext(run_id=run_id, out_dir=run_dir, db_path=db_path, progress=progress,
-                                         create_row=True, hooks=run_hooks()))
+        if dist.get_rank() == 0:  # no launcher process made the row: rank 0 does
+            row.create(spec, dist.get_world_size(), run_dir)
+        summary = train(spec, RunContext(run_id=run_id, out_dir=run_dir, row=row, progress=progress,
+                                         hooks=run_hooks()))
         dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
-        return summary.as_dict()
+        return summary.as_dict()  # what the command prints
     finally:
+        row.close()
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ from trainperf.core.processes import process_alive
 from trainperf.core.spec import RunSpec
 from trainperf.parallel.launcher import die_with_parent
 from trainperf.runner.local import run_hooks
+from trainperf.runner.row import RunRow
 from trainperf.train.loop import RunContext, RunInterrupted, train
 
 
@@ -32,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     spec = RunSpec.from_dict(launch["spec"])
-    ctx = RunContext(run_id=launch["run_id"], out_dir=run_dir, db_path=launch["db_path"],
-                     progress=launch.get("progress", False), owner_pid=launcher, hooks=run_hooks())
+    # the row its launcher made; rank 0 alone opens the store, when it first records on it
+    row = RunRow(launch["db_path"], launch["run_id"], owner_pid=launcher)
+    ctx = RunContext(run_id=launch["run_id"], out_dir=run_dir, row=row, progress=launch.get("progress", False),
+                     hooks=run_hooks())
     try:
         train(spec, ctx)
         dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
@@ -56,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{first[:200]} ({kept})", file=sys.stderr)
         return 1
     finally:
+        row.close()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

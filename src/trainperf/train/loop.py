@@ -36,7 +36,7 @@ from trainperf.core.layout import (
     grad_accum_steps,
     layout_string,
 )
-from trainperf.core.results import RunSummary, per_gpu, steady_throughput
+from trainperf.core.results import RunRecord, RunSummary, per_gpu, steady_throughput
 from trainperf.core.spec import (
     RunSpec,
     TrainSpec,
@@ -51,7 +51,7 @@ from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.model import checkpoint as ckpt
 from trainperf.parallel.distributed import init_distributed, is_collective_timeout
 from trainperf.parallel.parallelize import build_mesh, data_parallel_rank
-from trainperf.store.db import Store, disk_full_reason
+from trainperf.store.db import StoreError, disk_full_reason
 from trainperf.train.clock import LaggedLog, StepClock
 from trainperf.train.engine import Engine
 from trainperf.train.live_metrics import MetricsServer
@@ -88,10 +88,8 @@ class RunHooks:
 class RunContext:
     run_id: str
     out_dir: Path
-    db_path: str | None
+    row: RunRecord | None = None  # where rank 0 records the run (the runner's RunRow); None: nowhere
     progress: bool | str = False  # 'bar' (a terminal), 'lines' (a log file or pipe) or 'off'; True is 'bar'
-    create_row: bool = False  # true when no launcher process created the store row (external torchrun/srun)
-    owner_pid: int | None = None  # the process that created the store row (its launcher); None: this one
     last_step: int = 0  # the last optimizer step every rank completed (for a hung run's record)
     hooks: RunHooks = field(default_factory=RunHooks)  # what the caller lends: prediction, profiler, live metrics
     metrics: MetricsServer | None = None  # the live-metrics server while the run trains
@@ -269,11 +267,11 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
 
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(ctx.out_dir / "mllog.txt" if is_main else None, ctx.run_id)
-    store = Store(ctx.db_path) if is_main and ctx.db_path else None
+    row = ctx.row if is_main else None  # rank 0 alone writes the run's row
     hw = hardware_info(device_type, world)
     predicted = ctx.hooks.predict(spec, hw) if ctx.hooks.predict else {}
-    if store:
-        _record_start(store, spec, ctx, world, hw, predicted)
+    if row:
+        row.started(hw, software_versions(), predicted)
 
     def on_signal(signum, frame):
         raise RunInterrupted(f"received signal {signal.Signals(signum).name}")
@@ -288,7 +286,7 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         summary = _Run(spec, ctx, log, progress, device, device_type, rank, world, hw).execute()
         summary.predicted = predicted
     except BaseException as exc:
-        _record_failure(store, spec, ctx, exc, rank)
+        _record_failure(row, spec, ctx, exc, rank)
         raise
     finally:
         signal.signal(signal.SIGINT, previous_sigint)
@@ -296,27 +294,14 @@ def train(spec: RunSpec, ctx: RunContext) -> RunSummary:
         log.close()
         if ctx.metrics is not None:
             ctx.metrics.close()
-    if store:
-        _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
-                                                 owner_pid=ctx.owner_pid or os.getpid(), **summary.result_columns(),
-                                                 summary_path=str(ctx.out_dir / "summary.json")))
-        store.close()
+    if row:  # the typed summary, written as the row's end
+        _report_unrecorded(ctx, row.finished(summary, ctx.evals, ctx.steps, ctx.out_dir / "summary.json"))
     if is_main:
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     return summary
 
 
-def _record_start(store: Store, spec: RunSpec, ctx: RunContext, world: int, hw: dict, predicted: dict) -> None:
-    """The run's row (when no launcher made it) with this machine's hardware, software and prediction."""
-    if ctx.create_row:
-        store.create_run(ctx.run_id, spec.workload, spec.to_dict(), layout_string(spec.parallel), world,
-                         spec.mlperf.division, spec.mlperf.comparable, spec.eval.target, str(ctx.out_dir))
-    store.update_run_info(ctx.run_id, hardware_json=json.dumps(hw), software_json=json.dumps(software_versions()),
-                          predicted_step_time_s=predicted.get("step_time_s"),
-                          predicted_peak_gib=predicted.get("peak_mem_gib"))
-
-
-def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: BaseException, rank: int) -> None:
+def _record_failure(row: RunRecord | None, spec: RunSpec, ctx: RunContext, exc: BaseException, rank: int) -> None:
     """A run that raised: 'hung' when a collective timed out (with this rank's Flight Recorder dump),
     else 'failed', with the reason."""
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -329,14 +314,12 @@ def _record_failure(store: Store | None, spec: RunSpec, ctx: RunContext, exc: Ba
         dump_flight_recorder(ctx.out_dir / "flight_recorder", rank)
         reason = (f"a collective timed out after {spec.train.collective_timeout_s:g} s; last completed step "
                   f"{ctx.last_step}; flight recorder: {ctx.out_dir / 'flight_recorder'} ({reason[:200]})")
-    if store:
+    if row:
         try:
-            _report_unrecorded(ctx, store.finish_run(ctx.run_id, eval_rows=ctx.evals, step_rows=ctx.steps,
-                                                     owner_pid=ctx.owner_pid or os.getpid(), status=status,
-                                                     status_reason=reason))
-        except sqlite3.Error as err:  # the store's disk is full too: the run's own error is the one raised
+            _report_unrecorded(ctx, row.failed(status, reason, ctx.evals, ctx.steps))
+        except (sqlite3.Error, StoreError) as err:  # the store's disk is full too: the run's own error is raised
             print(f"trainperf: run {ctx.run_id}: {reason}; not recorded in the store: "
-                  f"{disk_full_reason(err, store.path.parent) or err}", file=sys.stderr)
+                  f"{disk_full_reason(err, row.folder) or err}", file=sys.stderr)
 
 
 def _report_unrecorded(ctx: RunContext, recorded: bool) -> None:
