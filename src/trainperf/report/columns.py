@@ -140,6 +140,16 @@ PAGE = ("run", "workload", "engine", "kind", "status", "gpus", "layout", "gbs_mb
         "mfu", "division")
 
 
+def terminal_columns() -> list[tuple[str, str, Callable[[dict], str]]]:
+    """(header, justify, cell) of the terminal's columns, in the order they are shown."""
+    return [(COLUMNS[c].header, COLUMNS[c].justify, COLUMNS[c].cell) for c in TERMINAL]
+
+
+def keep_headers() -> tuple[str, ...]:
+    """The terminal's headers in the order they are kept when the terminal is narrow."""
+    return tuple(COLUMNS[c].header for c in KEEP_ORDER)
+
+
 def page_headers() -> list[str]:
     return [COLUMNS[c].page_header or COLUMNS[c].header for c in PAGE]
 

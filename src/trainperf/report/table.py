@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainperf.core.results import engine_of
-from trainperf.report.columns import COLUMNS, KEEP_ORDER, TERMINAL, fmt, json_row, terminal_layout
+from trainperf.report.columns import fmt, json_row, keep_headers, terminal_columns, terminal_layout
 from trainperf.report.labels import MFU_HEADER, MFU_NOTE, is_probe, name, precision_of
 from trainperf.report.scaling import is_imported
 
@@ -23,9 +23,6 @@ def rows_for_json(runs: list[dict]) -> list[dict]:
 
 
 LAYOUT_NOTE = "layout: (i1F1B) is the Interleaved1F1B pipeline schedule."
-# (header, justify, cell) of the terminal's columns, in the order they are shown
-RUN_COLUMNS = tuple((COLUMNS[c].header, COLUMNS[c].justify, COLUMNS[c].cell) for c in TERMINAL)
-KEEP_HEADERS = tuple(COLUMNS[c].header for c in KEEP_ORDER)
 
 
 PIPE_WIDTH = 120  # the width a pipe or log file gets without COLUMNS
@@ -67,7 +64,7 @@ def print_table(runs: list[dict], console: Console | None = None, wide: bool = F
     for workload in dict.fromkeys(r["workload"] for r in runs):  # newest workload first
         dropped |= _workload_table([r for r in runs if r["workload"] == workload], workload, console, width, wide)
     if dropped:
-        console.print(f"columns left out to fit {width}: {', '.join(h.replace(chr(10), ' ') for h in KEEP_HEADERS if h in dropped)} "
+        console.print(f"columns left out to fit {width}: {', '.join(h.replace(chr(10), ' ') for h in keep_headers() if h in dropped)} "
                       "(--wide shows every column)", soft_wrap=True, highlight=False)
     if any(precision_of(r) == "fp8" and r.get("mfu") is not None for r in runs):
         console.print(MFU_NOTE, soft_wrap=True, highlight=False)
@@ -83,10 +80,10 @@ def _workload_table(runs: list[dict], workload: str, console: Console, width: in
     """One workload's table; the headers of the columns left out to fit."""
     # an engine column only when two engines' runs are listed together; else the title names it
     engines = sorted({engine_of(r) for r in runs})
-    columns = RUN_COLUMNS if len(engines) > 1 else [c for c in RUN_COLUMNS if c[0] != "engine"]
+    columns = [c for c in terminal_columns() if len(engines) > 1 or c[0] != "engine"]
     headers = [c[0] for c in columns]
     cells = [[c[2](r) for c in columns] for r in runs]
-    keep = fit_columns(headers, cells, width, KEEP_HEADERS)
+    keep = fit_columns(headers, cells, width, keep_headers())
     whose = "" if len(engines) > 1 or not any(is_imported(r) for r in runs) else f", {engines[0]} (imported)"
     table = Table(title=escape(f"{name(workload)}: {len(runs)} run{'s' * (len(runs) != 1)}{name(whose)}"),
                   show_lines=False, title_justify="left")
