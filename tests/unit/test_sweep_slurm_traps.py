@@ -111,3 +111,36 @@ def test_file_system_type_takes_the_deepest_mount(tmp_path, monkeypatch, mounts,
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: text if str(self) == "/proc/mounts" else real(self, *a, **k))
     assert slurm.file_system_type(tmp_path / "t.db") == fs
     assert slurm.file_system_type("/elsewhere/t.db") == "ext4"
+
+
+def test_retry_resubmits_only_the_failed_slurm_items(tmp_path, monkeypatch):
+    from trainperf.runner import sweep
+    from trainperf.store.db import Store
+
+    submitted: list[str] = []
+
+    def submit(script):
+        submitted.append(script.stem)
+        return str(100 + len(submitted))
+
+    monkeypatch.setattr(slurm, "available", lambda: True)
+    monkeypatch.setattr(slurm, "submit", submit)
+    monkeypatch.setattr(slurm, "queued_job_ids_by_name", dict)
+    monkeypatch.setattr(slurm, "refresh", lambda store, sweep_id=None, echo=None: [])  # no Slurm to ask here
+    data = {"name": "r", "backend": "slurm", "slurm": {"gpus_per_node": 0},
+            "runs": [{"workload": "mini-pretrain", "seeds": [1, 2]}]}
+    _, items = sweep.checked_sweep(data, "f")
+    store = Store(tmp_path / "t.db")
+    lines: list[str] = []
+    sweep.run_sweep(store, "r", items, str(tmp_path / "t.db"), str(tmp_path / "runs"), [], echo=lines.append)
+    assert sorted(submitted) == sorted(i["item_id"] for i in items)
+    good, bad = items
+    store.set_sweep_item("r", good["item_id"], "success", None, "slurm job 101 COMPLETED")
+    store.set_sweep_item("r", bad["item_id"], "failed", None, "slurm job 102 FAILED exit 1: x; /s/a.sbatch")
+    counts = sweep.run_sweep(store, "r", items, str(tmp_path / "t.db"), str(tmp_path / "runs"), [], echo=lines.append)
+    assert len(submitted) == 2 and counts["r"]["failed"] == 1  # without retry nothing is submitted again
+    sweep.run_sweep(store, "r", items, str(tmp_path / "t.db"), str(tmp_path / "runs"), [], echo=lines.append,
+                    retry_failed=True)
+    assert submitted[2:] == [bad["item_id"]]  # the failed item alone, once
+    assert "sweep r: 1 failed item put back to run" in lines
+    assert any(ln.startswith("submitted slurm job 103: mini-pretrain x1 train.seed=2 (") for ln in lines), lines

@@ -56,7 +56,8 @@ def run(args) -> int:
         retry = args.retry_failed or args.target == "retry"
         target = args.file if args.target == "retry" else args.target
         if args.file is not None and args.target != "retry":
-            raise SpecError(f"unexpected {args.file!r} after {args.target!r}: give one sweep file (or retry FILE)")
+            raise SpecError(f"unexpected {printable(args.file)!r} after {printable(args.target)!r}: give one sweep file "
+                            "(or retry FILE)")
         if bool(target) == bool(args.workload):
             raise SpecError("give a sweep file, the word status, retry FILE, or --workload W for one run (not both)")
         if target == "status":
@@ -95,8 +96,9 @@ def run(args) -> int:
         return EXIT_FAILED
     failed = sum(c["failed"] for c in counts.values())
     if failed and not args.json:
-        print(f"{failed} item{'' if failed == 1 else 's'} failed (their logs are named above, `trainperf sweep status` "
-              f"lists them); `trainperf sweep retry {printable(target or '--workload ...')}` runs them again")
+        again = "the same command with --retry-failed" if args.workload else f"`trainperf sweep retry {printable(target)}`"
+        print(f"{failed} item{'' if failed == 1 else 's'} failed (`trainperf sweep status` lists them with their "
+              f"reasons); {again} runs them again")
     return _print_counts(args, counts, exit_code=EXIT_FAILED if failed else EXIT_OK)
 
 
