@@ -10,6 +10,7 @@ per process, opened when first used (ranks other than 0 never open one).
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -73,8 +74,7 @@ class RunRow:
     # -- the trainer's side (rank 0) ----------------------------------------------------------------
 
     def started(self, hardware: dict, software: dict, predicted: dict) -> None:
-        import json
-
+        """The machine it runs on, its software, and what the planner predicted for it."""
         self.store.update_run_info(self.run_id, hardware_json=json.dumps(hardware), software_json=json.dumps(software),
                                    predicted_step_time_s=predicted.get("step_time_s"),
                                    predicted_peak_gib=predicted.get("peak_mem_gib"))
