@@ -4,8 +4,10 @@ A checkpoint directory holds ``config.json`` and one or more ``*.safetensors`` s
 ``model.safetensors.index.json`` when sharded). A Llama checkpoint is Hugging Face's layout; a GPT
 checkpoint is the same directory layout with Megatron Core's tensor names (model/gpt.py lists them;
 the tied output layer is stored once, as ``embedding.word_embeddings.weight``, with any number of
-padded rows >= vocab_size) and a config.json of Megatron's argument names (``MEGATRON_CONFIG_KEYS``). ``inspect_checkpoint`` reads only the headers, so a
-missing, corrupt or mismatched checkpoint is reported before any process is launched.
+padded rows >= vocab_size) and a config.json of Megatron's argument names. Each family's adapter --
+its config.json keys, tensor names and expected shapes -- is its ModelFamily's (core/families); this
+module reads and writes the files. ``inspect_checkpoint`` reads only the headers, so a missing,
+corrupt or mismatched checkpoint is reported before any process is launched.
 Loading goes tensor by tensor into whatever placement each parameter has (plain or DTensor):
 no rank ever holds more than one full tensor at a time.
 """
@@ -23,8 +25,8 @@ from safetensors.torch import save_file
 
 from trainperf.core.errors import SpecError
 from trainperf.core.families import family
-from trainperf.core.families.gpt import GPT_FAMILY, MEGATRON_CONFIG_KEYS, MEGATRON_OPTIONAL_KEYS, VOCAB_ROWS  # noqa: F401
-from trainperf.core.families.llama import HF_CONFIG_KEYS, LLAMA  # noqa: F401
+from trainperf.core.families.gpt import GPT_FAMILY, VOCAB_ROWS  # noqa: F401  VOCAB_ROWS: model/dcp_convert.py's
+from trainperf.core.families.llama import LLAMA
 from trainperf.core.files import atomic_write_dir
 from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.core.untrusted import load_untrusted_json, member_file, printable

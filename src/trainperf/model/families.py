@@ -16,7 +16,7 @@ from trainperf.model.options import ModelOptions
 MODULES: dict[str, FamilyModules] = {"llama": llama.MODULES, "gpt": gpt.MODULES}
 
 __all__ = ["MODULES", "FamilyModules", "TPPlan", "build", "build_on_meta", "decoder_layers", "init_full_tensor",
-           "modules_of", "register", "tied_source", "tp_plan"]
+           "modules_of", "register", "tied_source", "tied_weights", "tp_plan"]
 
 
 def register(name: str, modules: FamilyModules) -> FamilyModules:
@@ -48,6 +48,11 @@ def build(cfg: ModelSpec, options: ModelOptions | None = None) -> nn.Module:
 def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, device) -> torch.Tensor:
     """The full, layout-independent initial value of parameter ``name`` (fp32)."""
     return modules_of(cfg.family).init_full_tensor(name, shape, cfg, seed, device)
+
+
+def tied_weights(model: nn.Module) -> dict[str, str]:
+    """Tied copy -> the parameter it stands for, in ``model``'s family (empty where nothing is tied)."""
+    return dict(modules_of(model.cfg.family).tied_weights)
 
 
 def tied_source(model: nn.Module, name: str) -> str:

@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainperf.core.layout import MESH_DIMS, Layout, layer_memory_modes, stages_per_rank
 from trainperf.core.spec import ParallelSpec, RunSpec
 from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
-from trainperf.model.families import decoder_layers, tp_plan
+from trainperf.model.families import decoder_layers, tied_weights, tp_plan
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
 from trainperf.parallel.layer_wrapper import LayerWrapper
@@ -85,6 +85,14 @@ def stage_module(model: nn.Module, path: str) -> nn.Module | None:
     return getattr(model.get_submodule(parent), leaf)
 
 
+def stage_parameter(model: nn.Module, name: str) -> nn.Parameter | None:
+    """The parameter ``name``, or None where this pipeline stage dropped its module."""
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return None
+
+
 def embedding_groups(mesh: DeviceMesh):
     """The process group of this rank's first and last pipeline stage (same data, context and tensor
     coordinates): where a tied embedding's two copies sum their gradients (Megatron's embedding group).
@@ -108,10 +116,12 @@ def tie_pipeline_embeddings(parts: list[nn.Module], group) -> None:
     from torch.distributed.tensor import DTensor
 
     for part in parts:
-        for module in (getattr(part, "embedding", None), getattr(part, "output_layer", None)):
-            if module is None:
+        for copy, source in tied_weights(part).items():  # the family names them (FamilyModules.tied_weights)
+            weight = stage_parameter(part, copy)
+            if weight is None:  # the first stage: the embedding itself
+                weight = stage_parameter(part, source)
+            if weight is None:
                 continue
-            weight = module.word_embeddings.weight if hasattr(module, "word_embeddings") else module.weight
             grad = weight.grad
             if grad is None:
                 grad = torch.zeros_like(weight)
