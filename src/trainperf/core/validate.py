@@ -11,6 +11,7 @@ import importlib.util
 import math
 
 from trainperf.core.errors import SpecError
+from trainperf.core.families import family, names as family_names
 from trainperf.core.hardware import PEAK_BF16_FLOPS, peak_flops_for
 from trainperf.core.layout import (
     Layout,
@@ -25,7 +26,6 @@ from trainperf.core.spec import (
     GRAD_SYNC_MODES,
     LORA_KERNELS,
     MIXED_PRECISION,
-    MODEL_FAMILIES,
     OPTIMIZERS,
     PP_SCHEDULES,
     RECOMPUTE_MODES,
@@ -45,10 +45,7 @@ def validate_layout(spec: RunSpec, cuda: bool) -> None:
     if p.sp and p.tp == 1:
         raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:
-        # a GPT pads its vocabulary to a multiple of tp (ModelSpec.padded_vocab_size)
-        sharded = (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
-                   ("intermediate_size", m.intermediate_size)) + (() if m.family == "gpt" else (("vocab_size", m.vocab_size),))
-        for name, value in sharded:
+        for name, value in family(m.family).tp_sharded(m):
             if value % p.tp:
                 raise SpecError(f"model.{name}={value} is not divisible by parallel.tp={p.tp}; "
                                 f"choose tp among the divisors of {value}")
@@ -175,7 +172,7 @@ def check_choices(spec: RunSpec) -> None:
     valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
     p, t, h = spec.parallel, spec.train, spec.hardware
     for key, value, valid in (
-            ("model.family", spec.model.family, MODEL_FAMILIES),
+            ("model.family", spec.model.family, family_names()),
             ("parallel.pp_schedule", p.pp_schedule, PP_SCHEDULES),
             ("train.recompute", t.recompute, RECOMPUTE_MODES),
             ("train.recompute_others", t.recompute_others, ("none", "selective")),
@@ -233,10 +230,7 @@ def check_values(spec: RunSpec) -> None:
         raise SpecError(
             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
         )
-    if m.head_dim % 2 and m.family == "llama":
-        raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
-    if m.family == "gpt":
-        _check_gpt_model(spec)
+    family(m.family).check(spec)
     for name in ("rope_theta", "rms_norm_eps", "init_std"):
         _above(f"model.{name}", getattr(m, name), 0)
     _at_least("lora.rank", lo.rank, 0, " (0 disables LoRA)")
@@ -289,23 +283,6 @@ def check_values(spec: RunSpec) -> None:
     _at_least("hardware.host_mem_gib", h.host_mem_gib, 0.0, " (0: this machine's memory)")
 
 
-def _check_gpt_model(spec: RunSpec) -> None:
-    """What the GPT family (model/gpt.py) has and lacks: multi-head attention, a padded vocabulary, no
-    LoRA, fused qkv or Llama-only kernels."""
-    m = spec.model
-    if m.num_kv_heads != m.num_heads:
-        raise SpecError(f"model.family=gpt has multi-head attention: model.num_kv_heads={m.num_kv_heads} must equal "
-                        f"model.num_heads={m.num_heads}")
-    _at_least("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, 1)
-    for key, value, llama_only in (("lora.rank", spec.lora.rank, spec.lora.enabled),
-                                   ("model.fused_qkv", m.fused_qkv, m.fused_qkv),
-                                   ("hardware.attention", spec.hardware.attention, spec.hardware.attention != "sdpa"),
-                                   ("hardware.fp8", spec.hardware.fp8, spec.hardware.fp8 != "none")):
-        if llama_only:
-            raise SpecError(f"{key}={value} is for model.family=llama; the GPT family trains every weight with SDPA "
-                            "attention in bf16 (leave it at its default)")
-
-
 def _validate_optimizer(t: TrainSpec) -> None:
     if t.optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise SpecError("train.optimizer=adamw8bit needs torchao (pip install torchao, or a wheel on a machine "
@@ -346,8 +323,9 @@ def validate(spec: RunSpec, world_size: int, *, cuda: bool, before_checkpoint: b
         raise SpecError(f"train.recompute_others={t.recompute_others} applies to the layers train.recompute_layers "
                         "leaves out: it needs train.recompute=full and train.recompute_layers=0..layers per stage")
     if lo.enabled:
-        valid = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if m.fused_qkv else (
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        valid = family(m.family).lora_targets(m)
+        if not valid:
+            raise SpecError(f"lora.rank={lo.rank}: model.family={m.family} has no LoRA; use lora.rank=0")
         bad = [x for x in lo.target_modules if x not in valid]
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
