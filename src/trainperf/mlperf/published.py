@@ -474,11 +474,11 @@ def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str,
                                                                  for t in re.split(r"(\d+)", p.name)])
     if not logs:
         return [], [f"{where}: no result_*.txt"]
-    recipes = runnable()  # a benchmark whose model trainperf lacks cannot be priced
-    if benchmark not in recipes:
+    known = runnable()  # a benchmark whose model trainperf lacks cannot be priced
+    if benchmark not in known:
         return [], [f"{where}: benchmark {printable(repr(benchmark))} has no trainperf recipe "
-                    f"(known: {', '.join(recipes)})"]
-    allowed = sorted(set(recipes) & set(ruleset_benchmarks(ruleset)))
+                    f"(known: {', '.join(known)})"]
+    allowed = sorted(set(known) & set(ruleset_benchmarks(ruleset)))
     if benchmark not in allowed:
         return [], [f"{where}: {benchmark} is not an MLPerf training {ruleset} benchmark (it has {', '.join(allowed)})"]
     system, why = read_system(org_dir / "systems" / f"{system_name}.json", root, where)
@@ -525,8 +525,9 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     gbs = whole_number(run.gbs, f"{label}: global_batch_size", lo=1, hi=100_000_000) if run.gbs is not None else 0
     if not gbs:
         item.missing.append(f"{label}: no global_batch_size logged")
+    bench = find(benchmark)
     config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs, per_node, accelerator,
-                                       root=root, variables=find(benchmark).layout_variables)
+                                       root=root, variables=bench.layout_variables if bench else None)
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
     stats = tracked_stats(parsed.loglines, label, parsed.file_lines)
