@@ -1,5 +1,5 @@
-"""`trainperf import` and `plan --calibrate --engine` as a user runs them (published folders read where
-the checkout has them, ../shared/published)."""
+"""`trainperf import` and `plan --calibrate --engine` as a user runs them (on the trimmed published
+folders of tests/fixtures/published)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pytest
 
 from tests.fixtures.cli import trainperf_cmd
 
-PUBLISHED = Path(__file__).resolve().parents[2] / ".." / "shared" / "published" / "v4.1" / "NVIDIA"
+from tests.fixtures.published import PUBLISHED as ROUNDS
+
+PUBLISHED = ROUNDS / "v4.1" / "NVIDIA"
 
 
-@pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published MLPerf folders here")
 def test_import_then_a_fit_that_names_what_it_needs(tmp_path):
     org = tmp_path / "v4.1" / "NVIDIA"
     res = org / "results" / "h200_ngc24.09_nemo" / "llama2_70b_lora"
@@ -36,7 +37,6 @@ def test_import_then_a_fit_that_names_what_it_needs(tmp_path):
     assert fit.returncode == 2 and "a fit needs at least 3" in fit.stderr and "llama2_70b_lora@8 CP2 DP4" in fit.stderr
 
 
-@pytest.mark.skipif(not PUBLISHED.is_dir(), reason="no published MLPerf folders here")
 def test_plan_names_where_the_stored_layouts_at_its_scale_rank(tmp_path):
     """After `import`, a plan for the engine at a scale the store holds runs of shows each stored layout
     with its measured tokens/s, its rank in this plan and the plan's prediction for it."""

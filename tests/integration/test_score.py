@@ -90,7 +90,7 @@ def test_pretraining_sets_score_in_their_rcp_unit_and_export(tmp_path, capsys, b
 # ---------------------------------------------------------------------------------------------
 # Imported published submissions: each set under its own round's ruleset, as MLCommons scored it
 
-from tests.fixtures.published import PUBLISHED  # noqa: E402
+from tests.fixtures.published import ALL_PUBLISHED, PUBLISHED  # noqa: E402
 
 # (workload, --system, --gpus, the published score in minutes, ruleset): the round folders' own results
 PUBLISHED_SCORES = [
@@ -120,7 +120,6 @@ def _score(capsys, db, workload: str, *args: str) -> tuple[int, dict]:
     return rc, json.loads(out)
 
 
-@pytest.mark.skipif(not (PUBLISHED / "v5.0").is_dir(), reason="no published MLPerf folders here")
 def test_imported_rounds_score_as_published_in_the_terminal_and_on_the_page(tmp_path, capsys):
     """NVIDIA's v4.1 and v5.0 submissions imported into one store: `score --workload` with --system /
     --gpus reproduces each published score under that round's ruleset (gpt3, gone from 6.0.0, valid
@@ -149,11 +148,11 @@ def test_imported_rounds_score_as_published_in_the_terminal_and_on_the_page(tmp_
 
 
 @pytest.mark.slow  # Cisco's logs are 11 MB: seconds to parse and to check
-@pytest.mark.skipif(not (PUBLISHED / "v5.1").is_dir(), reason="no published MLPerf folders here")
+@pytest.mark.skipif(not (ALL_PUBLISHED / "v5.1").is_dir(), reason="no published v5.1 MLPerf folders here")
 def test_a_published_folder_scores_under_its_rounds_ruleset(capsys):
     """A results folder given by path inside its round folder (v5.1/Cisco/results/hpf_n8/llama31_8b) is
     scored under that round's ruleset, 5.1.0, not the 6.0.0 default."""
-    folder = PUBLISHED / "v5.1" / "Cisco" / "results" / "hpf_n8" / "llama31_8b"
+    folder = ALL_PUBLISHED / "v5.1" / "Cisco" / "results" / "hpf_n8" / "llama31_8b"
     rc, out, _ = run_cli(capsys, "score", str(folder), "--json")
     d = json.loads(out)
     assert rc == 0 and d["valid"] and round(d["score_minutes"], 3) == 45.445

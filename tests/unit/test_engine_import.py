@@ -1,6 +1,6 @@
 """`trainperf import`'s reader of MLPerf submission folders, the store's imported runs, engine-profile
 fits, and the planner at cluster scale (Megatron layouts, hierarchical collectives, nearest counts).
-In-process; the published folders are read where the checkout has them (../shared/published)."""
+In-process; the published folders are the trimmed copies in tests/fixtures/published."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.published import H200_RUN, PUBLISHED, one_h200_submission
+from tests.fixtures.published import one_h200_submission
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import config_layout, read_config_script, read_submissions
 from trainperf.mlperf.recipes import llama2_70b_lora_defaults, llama31_8b_defaults, llama31_405b_defaults
@@ -27,10 +27,8 @@ from trainperf.plan.hardware import PRESETS
 from trainperf.plan.search import megatron_layout_ok, nearest_valid_counts, plan, valid_batch_sizes
 from trainperf.store.db import Store
 
-needs_published = pytest.mark.skipif(not (PUBLISHED / H200_RUN).is_dir(), reason="no published MLPerf folders here")
 
 
-@needs_published
 def test_import_reads_layout_throughput_and_engine_of_a_published_run(tmp_path):
     runs, problems = read_submissions([str(one_h200_submission(tmp_path))], "6.0.0")
     assert problems == [] and len(runs) == 1
@@ -47,7 +45,6 @@ def test_import_reads_layout_throughput_and_engine_of_a_published_run(tmp_path):
     assert 0.5 < r.row["mfu"] < 1.0  # FP8 run against the bf16 peak
 
 
-@needs_published
 def test_import_says_what_is_missing_and_stores_nothing_half_written(tmp_path):
     root = one_h200_submission(tmp_path, runs=3)
     logs = sorted(root.rglob("result_*.txt"))

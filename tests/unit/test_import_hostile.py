@@ -438,14 +438,10 @@ HOSTILE = [None, True, [], {}, "", "x" * 3000, "\x1b[2J\nFORGED", "../../../../e
 
 
 def _seed_inputs(tmp_path: Path) -> list[Path]:
-    """Round folders of real inputs: the fixture's, and NVIDIA's 8 x H200 submission where the checkout
-    has the published folders."""
-    from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
+    """Round folders of real inputs: the fixture's, and NVIDIA's 8 x H200 submission (the trimmed copy)."""
+    from tests.fixtures.published import one_h200_submission
 
-    rounds = [fixture_round(tmp_path / "seed-fixture")]
-    if H200_SUBMISSION.is_dir():
-        rounds.append(one_h200_submission(tmp_path / "seed-published"))
-    return rounds
+    return [fixture_round(tmp_path / "seed-fixture"), one_h200_submission(tmp_path / "seed-published")]
 
 
 def _mutate_json(rng, value, depth: int = 0):

@@ -1,7 +1,7 @@
 """Imported runs of another engine (`trainperf import`) in the report beside this engine's runs: the
 engine column, scaling rows and scores that never pool two engines, no projection of imported runs,
 a published result shown once, and `score` sets of one engine. In-process; one test reads a published
-submission where the checkout has it (../shared/published)."""
+submission (tests/fixtures/published)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import pytest
 from rich.console import Console
 
-from tests.fixtures.published import H200_SUBMISSION, one_h200_submission
+from tests.fixtures.published import one_h200_submission
 from tests.fixtures.report import fill_operator_store
 from trainperf.core.errors import SpecError
 from trainperf.mlperf.published import LLAMA2_70B_LORA, read_submissions, run_spec
@@ -150,8 +150,6 @@ def test_score_sets_hold_one_engine(mixed_store, tmp_path):
     assert ours.other_sets == ["nemo, v4.1 NVIDIA DGX H200, 8 × NVIDIA H200-SXM5-141GB, DP8, GBS 8, MBS 1, fp8 (10 runs)"]
 
 
-@pytest.mark.skipif(not (H200_SUBMISSION / "results" / "h200_ngc24.09_nemo").is_dir(),
-                    reason="no published MLPerf folders here")
 def test_a_real_imported_submission_beside_this_engines_runs(tmp_path):
     """NVIDIA's 8 x H200 submission read by the import reader (two of its logs), stored beside this
     engine's runs: its own scaling row, its MFU read from the row, and its published result not

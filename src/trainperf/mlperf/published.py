@@ -19,7 +19,9 @@ from trainperf.core.hardware import peak_flops_for
 from trainperf.core.untrusted import (check_inside, finite_number, load_untrusted_json, printable, read_untrusted_bytes,
                                       split_lines, whole_number)
 from trainperf.core.spec import RunSpec
-from trainperf.mlperf.recipes import RECIPES
+from trainperf.mlperf.benchmark import NEMO_LAYOUT_VARIABLES
+from trainperf.mlperf.benchmarks import benchmark as benchmark_named
+from trainperf.mlperf.benchmarks import find, runnable
 
 
 SOURCE = "MLCommons training_results_v4.0-v5.1, llama2_70b_lora (github.com/mlcommons/training_results_v4.x/v5.x, results/*/llama2_70b_lora/result_*.txt)"
@@ -51,12 +53,9 @@ LLAMA2_70B_LORA = [
 EXPORT_LINE = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 SOURCE_LINE = re.compile(r"^\s*source\s+.*?/?([A-Za-z0-9_.-]+\.sh)\s*$")  # source $(dirname ${BASH_SOURCE[0]})/x.sh
 DEFAULT_LINE = re.compile(r'^\s*:\s*"\$\{([A-Za-z_][A-Za-z0-9_]*):=([^}]*)\}"')
-# the config variables that name each layout field, first found wins (NeMo's LoRA and pretraining
-# scripts spell them differently)
-LAYOUT_VARIABLES = {"tp": ("TENSOR_MODEL_PARALLEL", "TP"), "pp": ("PIPELINE_MODEL_PARALLEL", "PP"),
-                    "cp": ("CONTEXT_PARALLEL", "CP"), "vp": ("INTERLEAVED_PIPELINE",),
-                    "mbs": ("MICRO_BATCH_SIZE", "MBS"), "sp": ("SP", "SEQ_PARALLEL"), "local_batch": ("MINIBS",),
-                    "nodes": ("DGXNNODES",)}
+# the config variables that name each layout field, first found wins: a benchmark's own
+# (Benchmark.layout_variables), these where none is given
+LAYOUT_VARIABLES = NEMO_LAYOUT_VARIABLES
 
 
 @dataclass
@@ -129,16 +128,18 @@ def _truthy(value: str | None) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
 
-def config_layout(env: dict[str, str], gpus: int) -> dict:
-    """Layout fields from a config's variables: tp, pp, cp, vp, sp, mbs, dp, the per-DP-rank batch."""
-    got = {k: _first_int(env, names) for k, names in LAYOUT_VARIABLES.items() if k != "sp"}
+def config_layout(env: dict[str, str], gpus: int, variables: dict | None = None) -> dict:
+    """Layout fields from a config's variables (``variables``: the benchmark's, LAYOUT_VARIABLES if none):
+    tp, pp, cp, vp, sp, mbs, dp, the per-DP-rank batch, and any degree a benchmark adds (ep; 1 unset)."""
+    got = {k: _first_int(env, names) for k, names in (variables or LAYOUT_VARIABLES).items() if k != "sp"}
     tp, pp, cp = got["tp"] or 1, got["pp"] or 1, got["cp"] or 1
     dp = gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else 0
     # Megatron turns sequence parallelism on with TP unless the script says SP=0
     sp = tp > 1 and (_truthy(env["SP"]) if "SP" in env else True)
     return {"tp": tp, "pp": pp, "cp": cp, "vp": got["vp"] or 1, "sp": sp, "mbs": got["mbs"] or 1, "dp": dp,
             "local_batch": got["local_batch"], "nodes": got["nodes"],
-            "fp8": _truthy(env.get("FP8")), "fp8_attention": _truthy(env.get("FP8_DPA"))}
+            "fp8": _truthy(env.get("FP8")), "fp8_attention": _truthy(env.get("FP8_DPA")),
+            **{k: v or 1 for k, v in got.items() if k not in LAYOUT_VARIABLES}}
 
 
 def submission_org_dirs(path: Path) -> list[Path]:
@@ -326,7 +327,7 @@ def named_gpu_family(text: str) -> str | None:
 
 def matching_config(configs: list[Path], commons: list[Path], system_name: str, gpus: int, nodes: int,
                     gbs: int, per_node: int | None = None, accelerator: str = "",
-                    root: Path | None = None) -> tuple[Path | None, dict, str]:
+                    root: Path | None = None, variables: dict | None = None) -> tuple[Path | None, dict, str]:
     """The config that ran this system: a launch config (it sets DGXNNODES or DGXNGPU; fragments such as
     config_fp8.sh do not) whose nodes, GPUs per node and per-rank batch x data-parallel ranks agree with
     the system and the log's GBS; the closest to the system first (config_affinity). (path, layout, why
@@ -336,7 +337,7 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
     for path in candidates:
         env = read_config_script(path, commons, root=root)
         try:
-            lay = config_layout(env, gpus)
+            lay = config_layout(env, gpus, variables)
             node_gpus = _first_int(env, ("DGXNGPU",))
         except SpecError as exc:
             raise SpecError(f"config script {printable(path)}: {exc}") from None
@@ -365,9 +366,8 @@ def matching_config(configs: list[Path], commons: list[Path], system_name: str, 
 
 
 def recipe_spec(benchmark: str, gbs: int) -> RunSpec:
-    """The benchmark's recipe (the pretraining recipes take the GBS, which sets their schedule)."""
-    recipe = RECIPES[benchmark]
-    return recipe(gbs) if benchmark in ("gpt3", "llama31_405b") else recipe()
+    """The benchmark's recipe (at this GBS where its rules derive the schedule from the GBS)."""
+    return benchmark_named(benchmark).defaults(gbs)
 
 
 def run_spec(benchmark: str, gbs: int, seq_len: int | None, lay: dict) -> RunSpec:
@@ -474,10 +474,11 @@ def read_benchmark_dir(org_dir: Path, bench_dir: Path, ruleset: str,
                                                                  for t in re.split(r"(\d+)", p.name)])
     if not logs:
         return [], [f"{where}: no result_*.txt"]
-    if benchmark not in RECIPES:
+    known = runnable()  # a benchmark whose model trainperf lacks cannot be priced
+    if benchmark not in known:
         return [], [f"{where}: benchmark {printable(repr(benchmark))} has no trainperf recipe "
-                    f"(known: {', '.join(RECIPES)})"]
-    allowed = sorted(set(RECIPES) & set(ruleset_benchmarks(ruleset)))
+                    f"(known: {', '.join(known)})"]
+    allowed = sorted(set(known) & set(ruleset_benchmarks(ruleset)))
     if benchmark not in allowed:
         return [], [f"{where}: {benchmark} is not an MLPerf training {ruleset} benchmark (it has {', '.join(allowed)})"]
     system, why = read_system(org_dir / "systems" / f"{system_name}.json", root, where)
@@ -524,8 +525,9 @@ def read_one_log(log: Path, where: str, system: dict, system_name: str, benchmar
     gbs = whole_number(run.gbs, f"{label}: global_batch_size", lo=1, hi=100_000_000) if run.gbs is not None else 0
     if not gbs:
         item.missing.append(f"{label}: no global_batch_size logged")
+    bench = find(benchmark)
     config, lay, why = matching_config(configs, commons, system_name, gpus, nodes, gbs, per_node, accelerator,
-                                       root=root)
+                                       root=root, variables=bench.layout_variables if bench else None)
     if config is None:
         item.missing.append(f"{label}: no config sets this run's layout ({why})")
     stats = tracked_stats(parsed.loglines, label, parsed.file_lines)

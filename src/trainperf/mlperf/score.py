@@ -42,7 +42,7 @@ from trainperf.core.errors import SpecError
 from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.core.untrusted import finite_number, printable
-from trainperf.mlperf.recipes import RCP_UNIT
+from trainperf.mlperf.benchmarks import dropped_runs, rcp_unit
 from trainperf.store.db import Store, StoreError
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class RunResult:
 
     @property
     def convergence_unit(self) -> str:
-        return RCP_UNIT.get(self.benchmark or "", "samples")
+        return rcp_unit(self.benchmark)
 
     @property
     def has_times(self) -> bool:
@@ -655,7 +655,7 @@ class Score:
             "score_minutes": self.score_minutes, "olympic_mean_minutes": self.olympic_mean_minutes,
             "scaling_factor": self.scaling_factor,
             "run_times_minutes": [r.minutes for r in self.runs],
-            "convergence_unit": RCP_UNIT.get(self.benchmark, "samples"),
+            "convergence_unit": rcp_unit(self.benchmark),
             "runs": [{"run_id": r.run_id, "path": r.path, "minutes": r.minutes, "success": r.success,
                       "status": r.stop_status, "samples_to_converge": r.samples_to_converge,
                       "seeds": r.seeds, "role": role} for r, role in zip(self.runs, self.roles)],
@@ -668,7 +668,7 @@ class Score:
 
 def _max_dropped(benchmark: str) -> int:
     # the rule hard-coded in result_summarizer._compute_strong_score_standalone (and the package checker)
-    return 4 if benchmark == "unet3d" else 1
+    return dropped_runs(benchmark)
 
 
 def olympic_mean(minutes: list[float], n_failed: int, benchmark: str) -> float | None:
@@ -1043,7 +1043,7 @@ def print_score(score: Score, console=None) -> None:
     console.print(f"runs           {len(score.runs)} of the {score.required_runs} {score.benchmark} is scored on")
     table = Table()
     for col, justify in (("#", "right"), ("run", "left"), ("seed", "right"), ("status", "left"),
-                         ("minutes", "right"), (RCP_UNIT.get(score.benchmark, "samples"), "right"),
+                         ("minutes", "right"), (rcp_unit(score.benchmark), "right"),
                          ("olympic", "left")):
         table.add_column(col, justify=justify)
     for i, (r, role) in enumerate(zip(score.runs, score.roles)):

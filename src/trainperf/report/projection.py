@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 from trainperf.core.layout import data_parallel_size
 from trainperf.core.spec import RunSpec
-from trainperf.mlperf.recipes import EVAL_ROWS, RECIPES
+from trainperf.mlperf.benchmarks import of_run
 from trainperf.mlperf.score import rcp_reference_samples
 from trainperf.plan.costs import estimate
 from trainperf.plan.hardware import preset_for_device
@@ -50,13 +50,13 @@ def eval_pass_seconds(mllog: str | None) -> tuple[list[float], int | None]:
 
 def _recipe_for(spec):
     """The benchmark's own recipe (eval schedule, validation rows) at the run's GBS and layout."""
-    defaults = RECIPES.get(spec.mlperf.benchmark)
-    if defaults is None:
+    bench = of_run(spec)  # a mini workload borrowing the benchmark's log name has none
+    if bench is None or not bench.runnable:
         return None
-    recipe = defaults()
+    recipe = bench.defaults()
     recipe.train.global_batch_size = spec.train.global_batch_size
     recipe.parallel = copy.deepcopy(spec.parallel)
-    recipe.data.eval_samples = EVAL_ROWS.get(spec.mlperf.benchmark, recipe.data.eval_samples)
+    recipe.data.eval_samples = bench.eval_rows
     return recipe
 
 
@@ -76,7 +76,7 @@ def project(run: dict) -> dict | None:
         spec = RunSpec.from_dict(json.loads(run["spec_json"]))
     except (KeyError, TypeError, ValueError):
         return None
-    recipe = _recipe_for(spec) if spec.mlperf.benchmark == spec.workload else None
+    recipe = _recipe_for(spec)
     if recipe is None or not _same_problem(spec, recipe):
         return None  # a mini workload borrowing the benchmark's log name, or a shrunken model
     gbs = spec.train.global_batch_size
