@@ -4,6 +4,7 @@ gloo across real interfaces with distinct addresses): trainperf's multi-node pat
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,3 +133,70 @@ def test_sweep_across_two_nodes_submits_resumes_and_reports(two_nodes, tmp_path,
     assert any(f"slurm job {job} COMPLETED" in ln for ln in lines), lines
     print(f"\nsweep on two nodes: {lines}")
     assert all(two_nodes.node_pids(n) == [] for n in NODES)
+
+
+def _wait_steps(summary_dir, pattern: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any('"key": "train_loss"' in p.read_text() for p in summary_dir.glob(pattern)):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"no training step within {timeout:.0f} s")
+
+
+GONE_BOUND_S = 30  # srun --kill-on-bad-exit ends the other node's ranks at once; KillWait=5 then SIGKILL
+
+
+def test_ranks_of_one_node_killed(two_nodes, tmp_path):
+    _kill_node2_ranks(two_nodes, tmp_path)
+
+
+def _kill_node2_ranks(two_nodes, tmp_path) -> dict:
+    """SIGKILL to node2's ranks mid-run: srun ends node1's ranks too, no process is left on either
+    node within GONE_BOUND_S, and srun exits non-zero."""
+    import signal
+
+    proc = subprocess.Popen(["srun", "-N", "2", "--ntasks-per-node", "2", "-t", "5", "--kill-on-bad-exit=1",
+                             sys.executable, "-m", "trainperf", "run", "mini-lora", *SHORT[2:], "--set",
+                             "train.max_steps=400", "--set", "parallel.dp_shard=4", "--db", str(tmp_path / "t.db"),
+                             "--out", str(tmp_path / "runs"), "--json"],
+                            cwd=tmp_path, env=two_nodes.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_steps(tmp_path / "runs", "*/mllog.txt")
+        ranks = [p for p in two_nodes.node_pids("node2") if "python" in _cmdline(p) and "trainperf" in _cmdline(p)]
+        assert len(ranks) == 2, [(p, _cmdline(p)) for p in two_nodes.node_pids("node2")]
+        t0 = time.monotonic()
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        while time.monotonic() - t0 < GONE_BOUND_S and any(two_nodes.node_pids(n) for n in NODES):
+            time.sleep(0.2)
+        gone_s = time.monotonic() - t0
+        left = {n: [(p, _cmdline(p)) for p in two_nodes.node_pids(n)] for n in NODES}
+        assert not any(left.values()), left
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"\nranks of node2 SIGKILLed: all ranks gone on both nodes in {gone_s:.1f} s, srun exit {rc}")
+    assert rc != 0
+    from trainperf.store.db import Store
+
+    rows = Store(tmp_path / "t.db").list_runs()
+    assert len(rows) == 1 and rows[0]["status"] == "failed", rows
+    assert address("node2") in (rows[0]["status_reason"] or ""), rows[0]["status_reason"]  # gloo names the peer
+    return rows[0]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+
+@pytest.mark.xfail(strict=True, reason="the row's reason is gloo's 'Connection closed by peer [10.231.7.12]:port': "
+                   "the rank's failure record (runner/local.py) does not yet name the lost node nor the cause")
+def test_ranks_of_one_node_killed_reason_names_the_node(two_nodes, tmp_path):
+    reason = _kill_node2_ranks(two_nodes, tmp_path)["status_reason"]
+    assert "node2" in reason and "lost" in reason, reason
