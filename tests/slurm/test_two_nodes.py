@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.fixtures.cli import trainperf_cmd
-from tests.fixtures.slurm_two_nodes import NODES, TwoNodeCluster, address
+from tests.fixtures.slurm_two_nodes import NODES, TwoNodeCluster, address, one_line
 from tests.fixtures.slurm_cluster import SlurmUnavailable
 from trainperf.runner import slurm
 
@@ -26,7 +26,7 @@ def two_nodes():
         cluster.ensure_installed()
         cluster.start()
     except SlurmUnavailable as exc:
-        pytest.skip(f"no two-node Slurm cluster here: {exc}")
+        pytest.skip(f"no two-node Slurm cluster here: {one_line(exc)}")
     print(f"\ntwo-node slurm: up in {cluster.start_s:.1f} s {cluster.node_states()}")
     yield cluster
     cluster.stop()
@@ -138,23 +138,22 @@ def test_sweep_across_two_nodes_submits_resumes_and_reports(two_nodes, tmp_path,
 # -- faults -----------------------------------------------------------------------------------------
 # Each fault hits a run of its own across the two nodes: 4 ranks (2 a node) for the SIGKILL of one
 # node's ranks, 2 (one a node) for the others, to start fewer processes on the two cores. The last rank
-# (on node2) holds step 2 (TRAINPERF_TEST_STALL) so that every run idles in a known collective once
-# step 1 is done: the runs
-# share the two cores (srun --oversubscribe) and the faults whose waits are Slurm's own (its 30 s
-# time-limit check, SlurmdTimeout) overlap, in one cluster bring-up.
+# (on node2) holds step 2 (TRAINPERF_TEST_STALL), so every run idles in a known collective once step 1
+# is done: the four runs share the two cores (srun --oversubscribe) and the faults whose waits are
+# Slurm's own (its 30 s time-limit check, SlurmdTimeout) overlap, in one cluster bring-up.
 
 STALL = "{rank}:2:{secs}"  # the last rank sleeps before step 2; its peers wait for it in a collective
 PER_NODE = {"sigkill": 2}  # ranks a node; 1 for the others
 # The slurmd run trains on after 20 s: Slurm's SIGTERM must find rank 0 in Python, not blocked in a
 # collective for a peer that will never come (a signal handler runs only between bytecodes).
 STALL_S = {"slurmd": 20}
-KILL_WAIT_S = 5  # the fixture's KillWait: SIGTERM, then SIGKILL
+KILL_WAIT_S = 10  # the fixture's KillWait: SIGTERM, then SIGKILL
 BOUND_S = {  # from the fault to every rank gone on both nodes; the collective timeout (600 s) is never reached
-    "sigkill": 15,  # gloo sees node2's sockets close at once; srun --kill-on-bad-exit ends the rest
-    "scancel": 15,  # SIGTERM to every task, SIGKILL after KillWait
+    "sigkill": KILL_WAIT_S + 10,  # gloo sees node2's sockets close at once; srun --kill-on-bad-exit ends the rest
+    "scancel": KILL_WAIT_S + 10,  # SIGTERM to every task, SIGKILL after KillWait
     "timelimit": 30 + KILL_WAIT_S + 10,  # slurmctld tests time limits every 30 s
-    "slurmd": 60,  # SlurmdTimeout=10 and its ping rounds (~25 s seen), then KillWait; node2's own ranks end
-                   # when its slurmd is back and Slurm ends the job there
+    "slurmd": 60 + KILL_WAIT_S,  # SlurmdTimeout=10 and its ping rounds (~25 s seen), then KillWait; node2's own
+                                 # ranks end when its slurmd is back and Slurm ends the job there
 }
 CAUSE = {  # what the row's reason must say, besides the node
     "sigkill": ("node2 lost", "ranks 2-3 at 10.231.7.12 closed their connections"),
@@ -219,8 +218,13 @@ class FaultRun:
             return 0
 
     def stalled(self) -> bool:
+        """Step 1 done, every rank there, for a second now: the last rank asleep, its peers in step 2's
+        first collective."""
         self.job = self.job or self._job_id()
-        return bool(self.job and self.step() >= 1 and all(len(self.ranks(n)) == self.per_node for n in NODES))
+        if not (self.job and self.step() >= 1 and all(len(self.ranks(n)) == self.per_node for n in NODES)):
+            return False
+        self.since = getattr(self, "since", None) or time.monotonic()
+        return time.monotonic() - self.since >= 1
 
     def row(self) -> dict:
         from trainperf.store.db import Store
@@ -257,55 +261,64 @@ def _earlier_row(db) -> dict:
 
 @pytest.fixture(scope="module")
 def faults(two_nodes, tmp_path_factory) -> dict:
-    """Four runs started at once, each hit by its fault once all four idle at step 2: {fault: what was seen}."""
+    """Four runs started at once, each hit by its fault once it idles at step 2: {fault: what was seen}."""
     import signal
 
     root = tmp_path_factory.mktemp("faults")
     earlier = _earlier_row(root / "t.db")
     runs = {name: FaultRun(two_nodes, root, name, PER_NODE.get(name, 1), STALL_S.get(name, 600)) for name in BOUND_S}
     seen: dict = {"earlier": earlier, "db": root / "t.db"}
+    hit: dict[str, float] = {}  # when each fault was made
     t_start = time.monotonic()
+
+    def ready(name: str) -> bool:
+        r = runs[name]
+        if name == "slurmd":  # trained past its stall, and the others over: Slurm's NODE_FAIL ends every job on node2
+            return r.stalled() and r.step() >= 2 and all(n in seen for n in BOUND_S if n != "slurmd")
+        return r.stalled()
+
+    def strike(name: str) -> None:
+        r = runs[name]
+        if name == "sigkill":
+            for pid in r.ranks("node2"):
+                os.kill(pid, signal.SIGKILL)
+        elif name == "scancel":
+            subprocess.run(["scancel", r.job], env=two_nodes.env(), check=True, timeout=15)
+        elif name == "timelimit":  # its time limit brought forward: Slurm ends it as a job reaching its -t
+            subprocess.run(["scontrol", "update", f"jobid={r.job}", "EndTime=now+1"], env=two_nodes.env(),
+                           check=True, timeout=15)
+        else:
+            two_nodes.kill_slurmd("node2")
+        hit[name] = time.monotonic() + (1 if name == "timelimit" else 0)
+
     try:
-        _until(lambda: all(r.stalled() for r in runs.values()), 240, "four runs at step 2")
-        up_s = time.monotonic() - t_start
-        hit = {}
-        pids = runs["sigkill"].ranks("node2")
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        hit["sigkill"] = time.monotonic()
-        subprocess.run(["scancel", runs["scancel"].job], env=two_nodes.env(), check=True, timeout=15)
-        hit["scancel"] = time.monotonic()
-        # its time limit brought forward to now: Slurm ends it as a job reaching its -t (TIMEOUT, TimeLimit)
-        subprocess.run(["scontrol", "update", f"jobid={runs['timelimit'].job}", "EndTime=now+1"],
-                       env=two_nodes.env(), check=True, timeout=15)
-        hit["timelimit"] = time.monotonic() + 1
-        for name in ("sigkill", "scancel", "timelimit"):
-            r = runs[name]
-            _until(r.all_ranks_gone, BOUND_S[name] + 30, f"{name}: every rank gone")
-            seen[name] = {"gone_s": time.monotonic() - hit[name]}
-        # a node lost to Slurm: only now, or Slurm's NODE_FAIL would end the runs above too
-        r = runs["slurmd"]
-        _until(lambda: r.step() >= 2, 60, "slurmd: the run training again")
-        two_nodes.kill_slurmd("node2")
-        hit["slurmd"] = time.monotonic()
-        _until(lambda: not r.ranks("node1"), BOUND_S["slurmd"] + 30, "slurmd: node1's ranks gone")
-        node1_s = time.monotonic() - hit["slurmd"]
-        two_nodes.restart_slurmd("node2")
-        _until(r.all_ranks_gone, 60, "slurmd: node2's ranks gone once its slurmd is back")
-        seen["slurmd"] = {"gone_s": time.monotonic() - hit["slurmd"], "node1_s": node1_s}
+        while len(seen) < 2 + len(BOUND_S):  # each fault as soon as its run idles at step 2
+            assert time.monotonic() - t_start < 300, {n: (r.job, r.step()) for n, r in runs.items()}
+            for name, r in runs.items():
+                if name not in hit:
+                    if ready(name):
+                        strike(name)
+                    continue
+                if name in seen:
+                    continue
+                assert time.monotonic() - hit[name] < BOUND_S[name] + 30, f"{name}: ranks left {r.job}"
+                if name == "slurmd" and "slurmd-node2" not in two_nodes.started and not r.ranks("node1"):
+                    two_nodes.restart_slurmd("node2")  # node2's ranks end once Slurm can reach it again
+                if r.all_ranks_gone():
+                    seen[name] = {"gone_s": time.monotonic() - hit[name], "at_s": hit[name] - t_start}
+            time.sleep(0.2)
         for name, r in runs.items():
             seen[name].update(rc=r.proc.wait(timeout=60), row=r.row(), run_dir=r.run_dir(),
                               srun=(r.out / "srun.txt").read_text())
         _until(lambda: not any(two_nodes.node_pids(n) for n in NODES), 60, "every process gone on both nodes")
         seen["left"] = {n: [(p, _cmdline(p)) for p in two_nodes.node_pids(n)] for n in NODES}
-        seen["up_s"] = up_s
     finally:
         for r in runs.values():
             r.close()
         if "slurmd-node2" not in two_nodes.started:
             two_nodes.restart_slurmd("node2")
-    print(f"\nfaults: four runs at step 2 after {seen.get('up_s', 0):.1f} s; "
-          + "; ".join(f"{n}: all ranks gone in {seen[n]['gone_s']:.1f} s" for n in BOUND_S if n in seen))
+    print("\nfaults: " + "; ".join(f"{n} at {seen[n]['at_s']:.1f} s, all ranks gone {seen[n]['gone_s']:.1f} s later"
+                                   for n in BOUND_S if n in seen))
     return seen
 
 

@@ -42,6 +42,18 @@ def test_a_peer_address_is_its_node_and_ranks(monkeypatch):
                    "node went down), after step 7")
 
 
+def test_a_sigterm_during_gloos_error_still_names_the_peer(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    try:
+        try:
+            raise RuntimeError(GLOO)
+        finally:  # srun's SIGTERM, handled while the error unwinds
+            raise KeyboardInterrupt("received signal SIGTERM")
+    except KeyboardInterrupt as exc:
+        why = lost_node.cause(exc, HOSTS, 0, 7, timed_out=False)
+    assert why.startswith("node2 lost: ranks 2-3 at 10.0.0.12"), why
+
+
 def test_nothing_pointing_at_a_node_gives_no_cause(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert lost_node.cause(RuntimeError("CUDA out of memory"), HOSTS, 0, 1, timed_out=False) is None

@@ -106,6 +106,17 @@ def _unreachable(nodes: dict[str, tuple[str, list[int]]], here: str) -> list[str
     return gone
 
 
+def _chain(exc: BaseException, depth: int = 5) -> str:
+    """The text of ``exc`` and of the exceptions it was raised from or during: a SIGTERM handled as
+    gloo's error unwinds (the rank was blocked in the collective) hides that error in its context."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen and len(texts) < depth:
+        seen.add(id(exc))
+        texts.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)
+
+
 def cause(exc: BaseException, hosts: list[tuple[str, str]], rank: int, last_step: int,
           timed_out: bool) -> str | None:
     """One line naming the lost node and the cause, from what rank ``rank`` saw (``exc``; ``timed_out``:
@@ -117,7 +128,7 @@ def cause(exc: BaseException, hosts: list[tuple[str, str]], rank: int, last_step
     verdict = _slurm_verdict(job, os.environ.get("SLURM_JOB_NODELIST")) if job else None
     if verdict:
         return f"{verdict}, {after} (rank {rank} on {here} was told to stop)"
-    for address in PEER.findall(str(exc)):
+    for address in PEER.findall(_chain(exc)):
         for node, (addr, ranks) in nodes.items():
             if addr == address and node != here:
                 return (f"{node} lost: {_ranks(ranks)} at {address} closed their connections mid-collective "
