@@ -30,16 +30,18 @@ from trainperf.core.spec import RunSpec, set_value
 from trainperf.data.tokens import inspect_any, verify_any
 from trainperf.mlperf.recipes import apply_gbs_schedule, check_closed_rules, check_start_checkpoint, mark_open_if_shrunk
 from trainperf.model import checkpoint as ckpt
-from trainperf.parallel.distributed import init_distributed, record_collectives
+from trainperf.parallel.distributed import init_distributed, is_collective_timeout, record_collectives
 from trainperf.parallel.launcher import RANKS_END_ENV, Interrupted, killed_ranks, run_torchrun, torchrun_command
 from trainperf.plan.costs import check_memory, estimate
 from trainperf.plan.hardware import preset_for_device
+from trainperf.runner import lost_node
 from trainperf.runner.checks import cuda_available, validate_run
 from trainperf.runner.row import RunRow
 from trainperf.store.db import StoreError, disk_full_reason
 from trainperf.trace.capture import profiler_for
 from trainperf.train.live_metrics import MetricsServer
-from trainperf.train.loop import RunContext, RunHooks, RunInterrupted, apply_cuda_alloc_conf, pick_device, train
+from trainperf.train.loop import (RunContext, RunHooks, RunInterrupted, apply_cuda_alloc_conf, dump_flight_recorder,
+                                  pick_device, train)
 from trainperf.workloads import get_workload
 
 
@@ -374,28 +376,56 @@ def record_abnormal_end(store, run_id: str, run_dir: Path, reason: str) -> None:
 
 
 def run_as_external_rank(spec: RunSpec, out_root: str, db_path: str, progress: bool | str) -> dict:
-    """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process."""
+    """We are one rank of a job torchrun/srun started: agree on a run id, then train in-process. A
+    failure ends with each rank's Flight Recorder dump and, on rank 0, the lost node named in the row."""
     apply_cuda_alloc_conf(spec)
     # what must be in place before the group exists, which train() finds already made: the timeout (a
     # group's cannot change later) and the Flight Recorder. The run folder, where a dump goes, is agreed
     # below and set by train() before any training collective: torch reads it at the first dump.
     record_collectives()
     init_distributed(pick_device(spec), spec.train.collective_timeout_s)
-    box = [new_run_id(spec.workload), spec.train.seed] if dist.get_rank() == 0 else [None, None]
-    dist.broadcast_object_list(box, src=0)
-    run_id, spec.train.seed = box
+    # one exchange: rank 0's run id and seed, and every rank's node and address (to name a lost one)
+    table: list = [None] * dist.get_world_size()
+    dist.all_gather_object(table, [new_run_id(spec.workload), spec.train.seed, *lost_node.rank_host()])
+    run_id, spec.train.seed = table[0][:2]
+    hosts = [tuple(t[2:]) for t in table]
     run_dir = Path(out_root) / run_id
     if dist.get_rank() == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
     row = RunRow(db_path, run_id)  # opened by rank 0 alone, when first used
+    ctx = RunContext(run_id=run_id, out_dir=run_dir, row=row, progress=progress, hooks=run_hooks())
     try:
         if dist.get_rank() == 0:  # no launcher process made the row: rank 0 does
             row.create(spec, dist.get_world_size(), run_dir)
-        summary = train(spec, RunContext(run_id=run_id, out_dir=run_dir, row=row, progress=progress,
-                                         hooks=run_hooks()))
+        summary = train(spec, ctx)
         dist.barrier()  # rank 0 has stored the run: tear the group down together, not while it writes
         return summary.as_dict()  # what the command prints
+    except BaseException as exc:
+        _name_lost_node(exc, ctx, row, hosts)
+        raise
     finally:
         row.close()
         dist.destroy_process_group()
+
+
+def _name_lost_node(exc: BaseException, ctx: RunContext, row: RunRow, hosts: list) -> None:
+    """After a failed multi-rank run: this rank's Flight Recorder dump (where it waited), and on rank 0
+    the cause before the reason its row holds. Best effort: Slurm may SIGKILL us any moment now."""
+    import signal
+
+    # the run is ending: srun's SIGTERM to the step now would only cut this record short (SIGKILL still ends it)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        rank = dist.get_rank()
+        if len(hosts) > 1:
+            dump_flight_recorder(ctx.out_dir / "flight_recorder", rank)
+        if rank == 0:
+            why = lost_node.cause(exc, hosts, rank, ctx.last_step, is_collective_timeout(exc))
+            if why:
+                row.prefix_failed_reason(why)
+    except Exception as err:  # a store gone, Slurm not answering: the run's own error is the one raised
+        print(f"trainperf: run {ctx.run_id}: the lost node could not be named ({type(err).__name__}: {err})",
+              file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -67,6 +67,10 @@ class RunRow:
         except (sqlite3.Error, StoreError) as exc:
             return f"{reason} (not recorded in the store: {disk_full_reason(exc, self.folder) or exc})"
 
+    def prefix_failed_reason(self, cause: str) -> bool:
+        """Put ``cause`` (a lost node, a cancelled job) before the reason of a row already failed."""
+        return self.store.prefix_failed_reason(self.run_id, cause)
+
     def read(self) -> dict:
         """The row as stored ({} when it is not there); StoreError or sqlite3.Error when unreadable."""
         return self.store.get_run(self.run_id) or {}
