@@ -22,7 +22,7 @@ TORCH_CPU := torch==2.13.0
 STAMP  := $(VENV)/.trainperf-installed
 STAMP_TEST := $(VENV)/.trainperf-test-installed
 
-.PHONY: demo check test test-long test-slurm setup clean
+.PHONY: demo check test test-long test-slurm setup setup-test clean
 
 $(VENV)/bin/python:
 	@if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
@@ -42,6 +42,8 @@ $(STAMP_TEST): $(STAMP)
 	@touch $(STAMP_TEST)
 
 setup: $(STAMP)
+
+setup-test: $(STAMP_TEST)
 
 demo: $(STAMP)
 	$(VENV)/bin/trainperf demo
