@@ -14,6 +14,7 @@ import sys
 from trainperf.cli.errors import EXIT_FAILED, SpecError, bad_input
 from trainperf.cli.preflight_tables import print_result
 from trainperf.preflight import session
+from trainperf.preflight.session import measure_kernel_table_into, wants_kernel_table  # noqa: F401 -- the command's steps, by their old names
 
 HELP = "is every GPU and link as fast as its datasheet? (GEMM, HBM, collectives, every pair)"
 DESCRIPTION = ("Measure bf16/fp8 GEMM and HBM copy on every GPU, sweep all_reduce / all_gather / reduce_scatter / "

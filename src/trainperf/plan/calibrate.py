@@ -76,3 +76,17 @@ def write_gpu_yaml(gpu: GPU, path: str, base_key: str) -> None:
     fields["base"] = base_key
     with open(path, "w") as fh:
         yaml.safe_dump(fields, fh, sort_keys=True)
+
+
+def calibrate_to_yaml(db: str, gpu_name: str, path: str) -> dict:
+    """``plan --calibrate GPU_YAML``: fit the model to the stored runs of ``gpu_name``, write the fitted GPU
+    to ``path``, and say how well the preset and the fit predict those runs. SpecError / StoreError."""
+    # the store (and sqlite3) loads only when a fit is asked for
+    from trainperf.store.db import Store
+
+    store = Store(db)
+    fitted, report = calibrate(store, gpu_name)
+    store.close()
+    write_gpu_yaml(fitted, path, gpu_name.lower())
+    return {"gpu": fitted.name, "other_s_per_token_layer_h": fitted.other_s_per_token_layer_h, "written": path,
+            "preset": summary(report, "preset"), "calibrated": summary(report, "calibrated"), "runs": report}

@@ -276,3 +276,19 @@ def load_profile(store, name: str) -> EngineProfile:
     if name == OURS:
         return EngineProfile(OURS)
     return fit_profile(name, group_points(engine_runs(store, name)))
+
+
+def fit_stored_engine(db: str, name: str) -> tuple[EngineProfile, list[EngineRun], list[dict]]:
+    """``plan --calibrate --engine NAME``: (NAME's profile fitted to its stored runs, the points, each
+    point's stored against fitted tokens/s per GPU). SpecError / StoreError."""
+    # the store (and sqlite3) loads only when a fit is asked for
+    from trainperf.store.db import Store, require_existing_store
+
+    require_existing_store(db, "`trainperf import`")
+    store = Store(db)
+    try:
+        points = group_points(engine_runs(store, name))
+    finally:
+        store.close()
+    profile = fit_profile(name, points)
+    return profile, points, profile_errors(profile, points)
