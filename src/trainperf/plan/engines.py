@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from trainperf.core.errors import SpecError
+from trainperf.core.hardware import gpu_model
 from trainperf.core.spec import RunSpec
 from trainperf.plan.hardware import GPU, preset_for_device, scale_host_time
 
@@ -112,7 +113,7 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
 
 def default_fp8_grid(gpu: GPU) -> str:
     """The packaged float8 grid for a GH100 GPU (H100, H200; SXM or NVL), '' (flat rate) for any other."""
-    return FP8_GEMM_GRID if any(part in gpu.name for part in FP8_GRID_GPUS) else ""
+    return FP8_GEMM_GRID if gpu_model(gpu.name) in FP8_GRID_GPUS else ""
 
 
 @dataclass

@@ -10,12 +10,11 @@ measurement says otherwise.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf.core.errors import SpecError
-from trainperf.core.hardware import DATASHEETS, Datasheet
+from trainperf.core.hardware import DATASHEETS, Datasheet, parse_gpu_name
 from trainperf.plan.kernels import load_fp8_grid, load_table
 
 
@@ -230,12 +229,10 @@ def _checked_rates_file(value, base_dir: Path, source: str, field: str, load, wh
 
 def preset_for_device(device_name: str) -> GPU | None:
     """The preset for a device name such as 'NVIDIA H200' or 'NVIDIA H200 NVL' (None for unknown
-    devices): the longest key whose words all appear in the name ('h200-nvl' beats 'h200'; the
-    -sxm cluster presets are only chosen by name)."""
-    # every run of letters and digits is a word: 'NVIDIA Blackwell GPU (B200-SXM-180GB)' names b200
-    words = set(re.findall(r"[a-z0-9]+", device_name.lower()))
-    keys = [k for k in PRESETS if not k.endswith("-sxm") and set(k.split("-")) <= words]
-    return PRESETS[max(keys, key=len)] if keys else None
+    devices): the longest key that names it ('h200-nvl' beats 'h200'; the -sxm cluster presets are only
+    chosen by name)."""
+    key = parse_gpu_name(device_name).best_key(k for k in PRESETS if not k.endswith("-sxm"))
+    return PRESETS[key] if key else None
 
 
 def load_gpu(name_or_file: str) -> GPU:
