@@ -131,7 +131,7 @@ def print_table(req, ranking: Ranking) -> int:
 def print_next_steps(console, req, ranking: Ranking) -> None:
     """The command that runs the best layout, and with --explain why each runner-up is slower."""
     fits, per_node = ranking.fits, ranking.per_node
-    if req.engine != "trainperf":  # another engine's layout: trainperf cannot launch it
+    if not ranking.kind.launchable:  # another engine's layout: trainperf cannot launch it
         console.print(f"best layout for {req.engine}: {fits[0].set_line}")
         return
     launch = (f"trainperf run {req.workload} --nproc-per-node {req.gpus}" if req.gpus <= per_node else

@@ -18,8 +18,9 @@ from trainperf.core.resolve import resolve_spec
 from trainperf.core.spec import RunSpec
 from trainperf.core.untrusted import finite_number, printable
 from trainperf.mlperf.recipes import apply_gbs_schedule
-from trainperf.plan.engines import apply_profile, load_profile
+from trainperf.plan.engines import EngineProfile, apply_profile, is_profile_file, load_profile, read_profile_file
 from trainperf.plan.hardware import load_gpu, preset_for_device
+from trainperf.plan.profile import ENGINE_KINDS, OURS, EngineKind, kind_named
 from trainperf.plan.search import (ENGINE_OPTIONS, MAX_SAMPLES, accepted_batch_sizes, check_scale, layout_fields_of,
                                    layout_signature, layout_world_size, option_overrides, over_best, parse_layout,
                                    plan, price_layout, rank_of)
@@ -44,7 +45,7 @@ class PlanRequest:
     options: str = "none"
     layout: str | None = None
     layout_from_run: str | None = None
-    engine: str = "trainperf"
+    engine: str = "trainperf"  # a stored engine's name, or a profile file (plan --calibrate --engine NAME --json)
     explain: bool = False
     db: str = "trainperf.db"
     headroom: float = 0.0
@@ -69,6 +70,8 @@ class Ranking:
     gbs_values: object = None  # the GBS values searched (None: the spec's own)
     samples: float | None = None
     named: object = None  # the --layout / --layout-from-run layout, priced (search.NamedLayout)
+    engine: str = OURS  # whose speed it predicts (the name its runs are stored under)
+    kind: EngineKind = ENGINE_KINDS[OURS]  # that engine's kind: the layouts it runs, how they are written
 
     @property
     def usable_gib(self) -> float:
@@ -85,12 +88,12 @@ def make_plan(req: PlanRequest, workload_defaults: Callable[[str], RunSpec]) -> 
     StoreError when the plan cannot be kept."""
     fields = named_layout(req)
     base = resolve_inputs(req, workload_defaults)
-    gpu, measured_note = pick_gpu(req)
-    ranking = search(req, base, gpu, measured_note, req.headroom)
+    gpu, measured_note, profile = pick_gpu(req)
+    ranking = search(req, base, gpu, measured_note, req.headroom, profile)
     if fields is not None:
         ranking.named = price_layout(base, gpu, req.gpus, ranking.per_node, fields, ranking.fits, ranking.samples,
-                                     req.objective, ranking.gbs_values, req.headroom, req.engine != "trainperf")
-    ranking.stored = stored_at_scale(req, gpu, ranking.fits)
+                                     req.objective, ranking.gbs_values, req.headroom, ranking.kind.search == "megatron")
+    ranking.stored = stored_at_scale(req, gpu, ranking.fits, ranking.engine)
     save(req, ranking)
     return ranking
 
@@ -155,23 +158,28 @@ def resolve_inputs(req, workload_defaults):
     return spec
 
 
-def pick_gpu(req):
-    """(the --gpu preset or YAML, a note) -- with the figures the newest preflight of it measured,
-    unless --datasheet (the note names them; None when the preset is used as is)."""
+def pick_gpu(req) -> tuple:
+    """(the --gpu preset or YAML, a note, the engine's profile) -- with the figures the newest preflight of
+    it measured, unless --datasheet (the note names them; None when the preset is used as is), priced
+    with the profile of --engine: this engine's own, a profile file's, or one fitted to the stored runs
+    of that engine (whose name says its kind)."""
     gpu = load_gpu(req.gpu)
     gpu, note = (gpu, None) if req.datasheet else measured_gpu(gpu, req.db)  # a preflight beats the datasheet
-    if req.engine == "trainperf":
-        return gpu, note
-
-    require_existing_store(req.db, "`trainperf import`")
-    store = Store(req.db)
-    try:
-        profile = load_profile(store, req.engine)
-    finally:
-        store.close()
-    fitted = ", ".join(f"{k}={v:.3g}" for k, v in (profile.factors | profile.time_terms).items())
-    return apply_profile(gpu, profile), "; ".join(x for x in (note, f"engine {req.engine}: profile fitted to "
-                                                              f"{len(profile.fitted_on)} stored configurations ({fitted})") if x)
+    if req.engine == OURS:
+        return gpu, note, EngineProfile(OURS, kind=OURS)
+    if is_profile_file(req.engine):
+        profile = read_profile_file(req.engine)
+        fitted = f"engine {profile.name}: profile {printable(req.engine, 80)}"
+    else:
+        require_existing_store(req.db, "`trainperf import`")
+        store = Store(req.db)
+        try:
+            profile = load_profile(store, req.engine)
+        finally:
+            store.close()
+        fitted = f"engine {req.engine}: profile fitted to {len(profile.fitted_on)} stored configurations"
+    factors = ", ".join(f"{k}={v:.3g}" for k, v in (profile.factors | profile.time_terms).items())
+    return apply_profile(gpu, profile), "; ".join(x for x in (note, f"{fitted} ({factors})") if x), profile
 
 
 def measured_gpu(gpu, db: str):
@@ -197,21 +205,21 @@ def measured_gpu(gpu, db: str):
         f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); --datasheet ignores them")
 
 
-def search(req, base, gpu, measured_note: str | None, headroom: float) -> Ranking:
-    """Every valid layout of the spec on --gpus GPUs, ranked."""
+def search(req, base, gpu, measured_note: str | None, headroom: float, profile: EngineProfile) -> Ranking:
+    """Every valid layout of the spec on --gpus GPUs that the profile's kind of engine runs, ranked."""
+    kind = kind_named(profile.kind)
     per_node = min(req.gpus, 8) if req.gpus_per_node is None else req.gpus_per_node
     gbs_values = batch_sizes(req, base)
     gbs_note = None
     if gbs_values is None and req.samples is None:
         gbs_values, gbs_note = busy_batch_sizes(req, base)
-    megatron = req.engine != "trainperf"
-    if megatron:  # every published run of a Megatron engine trains in FP8 unless told otherwise
+    if kind.fp8_by_default:  # every published run of a Megatron engine trains in FP8 unless told otherwise
         engine_precision(req, base)
-    options = option_sets(req, base, megatron)
-    fits, oom = plan(base, gpu, req.gpus, per_node, req.samples, req.objective, gbs_values, headroom, megatron,
-                     options)
+    options = option_sets(req, base, kind)
+    fits, oom = plan(base, gpu, req.gpus, per_node, req.samples, req.objective, gbs_values, headroom,
+                     kind.search == "megatron", options)
     return Ranking(gpu, per_node, headroom, fits, oom, "; ".join(x for x in (measured_note, gbs_note) if x) or None,
-                   gbs_values=gbs_values, samples=req.samples)
+                   gbs_values=gbs_values, samples=req.samples, engine=profile.name, kind=kind)
 
 
 def batch_sizes(req, base):
@@ -254,12 +262,12 @@ def busy_batch_sizes(req, base) -> tuple[object, str | None]:
                       f"to train from its samples to converge); --gbs {gbs} keeps the recipe's")
 
 
-def option_sets(req, base, megatron: bool) -> list[dict] | None:
+def option_sets(req, base, kind: EngineKind) -> list[dict] | None:
     """--options as the combinations of settings to search (None: the spec's own)."""
 
     if req.options == "none":
         return None
-    if megatron:
+    if not kind.own_options:
         raise SpecError(f"--options searches trainperf's own settings; --engine {req.engine} is priced as it ran "
                         "(FP8, its own kernels): drop --options or --engine")
     names = list(ENGINE_OPTIONS) if req.options == "all" else [n.strip() for n in req.options.split(",") if n.strip()]
@@ -275,7 +283,7 @@ def engine_precision(req, base) -> None:
         base.hardware.frozen_dtype = "fp8"
 
 
-def stored_at_scale(req, gpu, fits: list) -> list[dict]:
+def stored_at_scale(req, gpu, fits: list, ranking_engine: str) -> list[dict]:
     """The store's successful runs of this workload and engine on --gpus GPUs of this GPU model (imported
     MLPerf results, or this engine's own), one entry per layout: the median run's tokens/s per GPU beside
     the plan's rank and prediction for that layout -- where a measured layout stands in this plan."""
@@ -292,7 +300,7 @@ def stored_at_scale(req, gpu, fits: list) -> list[dict]:
         hw = json.loads(r.get("hardware_json") or "{}")
         preset = preset_for_device(hw.get("gpu") or "")
         if (r["status"] != "success" or r["world_size"] != req.gpus or not r.get("tokens_per_s_per_gpu")
-                or (r.get("engine") or "trainperf") != req.engine or preset is None or preset.name != gpu.name):
+                or (r.get("engine") or OURS) != ranking_engine or preset is None or preset.name != gpu.name):
             continue
         spec = RunSpec.from_dict(json.loads(r["spec_json"]))
         groups.setdefault(layout_signature(spec), []).append((r, spec))
