@@ -8,6 +8,7 @@ from rich.table import Table
 
 from trainperf.cli.errors import EXIT_FAILED, EXIT_OK
 from trainperf.core.layout import layers_per_stage
+from trainperf.plan.nemo import nemo_lines
 from trainperf.plan.output import hint, ttt_band, ttt_terms
 from trainperf.plan.request import PlanRequest, Ranking
 from trainperf.plan.search import explain
@@ -131,6 +132,12 @@ def print_table(req, ranking: Ranking) -> int:
 def print_next_steps(console, req, ranking: Ranking) -> None:
     """The command that runs the best layout, and with --explain why each runner-up is slower."""
     fits, per_node = ranking.fits, ranking.per_node
+    if ranking.kind.config == "nemo":  # another engine's layout, in its own variables
+        console.print(f"best layout for {ranking.engine} ({fits[0].id}), as NeMo's trainer / model config and the "
+                      "submission config's variables (`trainperf import` reads them back):", highlight=False)
+        for line in nemo_lines(fits[0].spec, ranking.per_node):
+            console.print("  " + line, highlight=False, markup=False)
+        return
     if not ranking.kind.launchable:  # another engine's layout: trainperf cannot launch it
         console.print(f"best layout for {req.engine}: {fits[0].set_line}")
         return

@@ -4,6 +4,7 @@ the named layout, the hint when nothing fits, and the whole ranking as ``plan --
 from __future__ import annotations
 
 from trainperf.plan.costs import eight_bit_optimizer_hint
+from trainperf.plan.nemo import MegatronLayout, nemo_config, submission_exports
 from trainperf.plan.request import PlanRequest, Ranking
 from trainperf.plan.search import explain, rcp_samples, samples_band, time_to_train, time_to_train_terms
 
@@ -25,7 +26,8 @@ def plan_json(req: PlanRequest, ranking: Ranking) -> dict:
              "time_to_train_terms_s": ttt_terms(req, c), "time_to_train_p10_p90_s": ttt_band(req, c),
              "time": c.est.time, "memory": {k: v / 2**30 for k, v in c.est.memory.items()},
              "host_offload_gib": c.est.host_offload_bytes / 2**30,
-             "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}} for c in fits[:req.top]]
+             "comm_gib": {k: v / 2**30 for k, v in c.est.comm.items()}}
+            | (engine_config(c, ranking.per_node) if ranking.kind.config == "nemo" else {}) for c in fits[:req.top]]
     return {"gpu": ranking.gpu.name, "engine": req.engine, "measured": ranking.measured_note, "gpus": req.gpus,
                       "gpus_per_node": ranking.per_node, "ranked": rows,
                       "memory_headroom": ranking.headroom, "usable_gib": ranking.usable_gib, "fitting": len(fits),
@@ -75,3 +77,9 @@ def layout_fields(c) -> dict:
             "recompute": tr.recompute, "recompute_layers": tr.recompute_layers, "offload_layers": tr.offload_layers,
             "fp8": hw.fp8, "compile": tr.compile, "frozen_dtype": hw.frozen_dtype, "attention": hw.attention,
             "grad_sync": tr.grad_sync, "seq_len": sp.data.seq_len}
+
+
+def engine_config(c, gpus_per_node: int) -> dict:
+    """A ranked layout in NeMo's variables and the submission config's (a Megatron engine's rows only)."""
+    lay = MegatronLayout.of(c.spec)
+    return {"nemo": nemo_config(lay, gpus_per_node), "submission_exports": submission_exports(lay, gpus_per_node)}

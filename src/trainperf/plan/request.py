@@ -20,8 +20,10 @@ from trainperf.core.untrusted import finite_number, printable
 from trainperf.mlperf.recipes import apply_gbs_schedule
 from trainperf.plan.engines import EngineProfile, apply_profile, is_profile_file, load_profile, read_profile_file
 from trainperf.plan.hardware import load_gpu, preset_for_device
+from trainperf.plan.nemo import MegatronLayout, megatron_violations
 from trainperf.plan.profile import ENGINE_KINDS, OURS, EngineKind, kind_named
-from trainperf.plan.search import (ENGINE_OPTIONS, MAX_SAMPLES, accepted_batch_sizes, check_scale, layout_fields_of,
+from trainperf.plan.search import (ENGINE_OPTIONS, MAX_SAMPLES, accepted_batch_sizes, check_scale, describe_fields,
+                                   layout_fields_of,
                                    layout_signature, layout_world_size, option_overrides, over_best, parse_layout,
                                    plan, price_layout, rank_of)
 from trainperf.store.db import Store, StoreError, require_existing_store
@@ -89,6 +91,8 @@ def make_plan(req: PlanRequest, workload_defaults: Callable[[str], RunSpec]) -> 
     fields = named_layout(req)
     base = resolve_inputs(req, workload_defaults)
     gpu, measured_note, profile = pick_gpu(req)
+    if fields is not None and kind_named(profile.kind).search == "megatron":
+        check_megatron_fields(fields, base, req.gpus, profile.name)  # before any search
     ranking = search(req, base, gpu, measured_note, req.headroom, profile)
     if fields is not None:
         ranking.named = price_layout(base, gpu, req.gpus, ranking.per_node, fields, ranking.fits, ranking.samples,
@@ -96,6 +100,22 @@ def make_plan(req: PlanRequest, workload_defaults: Callable[[str], RunSpec]) -> 
     ranking.stored = stored_at_scale(req, gpu, ranking.fits, ranking.engine)
     save(req, ranking)
     return ranking
+
+
+def check_megatron_fields(fields: dict, base: RunSpec, gpus: int, engine: str) -> None:
+    """SpecError naming each of Megatron's rules a --layout for a Megatron engine breaks (a layout whose
+    degrees do not multiply to --gpus is refused by the search's own check)."""
+    tp, cp, pp = fields.get("tp", 1), fields.get("cp", 1), fields.get("pp", 1)
+    if gpus % (tp * cp * pp):
+        return
+    m = base.model
+    lay = MegatronLayout(tp, cp, pp, fields.get("vp", 1), gpus // (tp * cp * pp), bool(fields.get("sp", tp > 1)),
+                         fields.get("mbs", 1), fields.get("gbs"), m.num_layers, m.num_heads, m.num_kv_heads,
+                         base.data.seq_len, base.lora.enabled)
+    broken = megatron_violations(lay)
+    if broken:
+        raise SpecError(f"--layout {describe_fields(fields)}: not a layout {printable(engine, 40)} runs: "
+                        + "; ".join(broken))
 
 
 def named_layout(req) -> dict | None:
