@@ -111,7 +111,7 @@ def _apply_plan(args, workload: str) -> None:
 
 def run(args, workload: str | None = None) -> int:
     # torch and the model load only when a run starts, not for --help
-    from trainperf.runner import local
+    from trainperf.runner.ranks import prepare_here, run_here
 
     # the store (and sqlite3) loads only when a command runs, not for --help
     from trainperf.store.db import StoreError, check_store_path
@@ -132,20 +132,15 @@ def run(args, workload: str | None = None) -> int:
         sweep_item = _sweep_item(getattr(args, "sweep_item", None))
         check_store_path(args.db)  # a bad --db fails here, before any work (prepare may build data)
         check_out_folder(args.out)
-        ext = local.external_launcher()
-        world = local.external_world_size() if ext else args.nproc_per_node
-        spec, _info = local.prepare(workload, args.config, args.overrides, world)
+        spec = prepare_here(workload, args.config, args.overrides, args.nproc_per_node)
     except (SpecError, StoreError) as exc:
         return bad_input(str(exc), args.json)
     # a terminal gets the bar, a log file or pipe plain lines; with --json they go to stderr (an sbatch .err)
     progress = "stderr" if args.json else "bar" if _interactive() else "lines"
-    if ext:
-        summary = local.run_as_external_rank(spec, args.out, args.db, progress)
-        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) != 0:
-            return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
-    else:
-        summary = local.launch(spec, args.out, args.db, args.nproc_per_node, progress,
-                               purpose="trial" if args.trial else "run", sweep_item=sweep_item)
+    summary, reports = run_here(spec, args.out, args.db, args.nproc_per_node, progress,
+                                purpose="trial" if args.trial else "run", sweep_item=sweep_item)
+    if not reports:  # another rank of an external job: rank 0 prints
+        return EXIT_OK if summary.get("status") == "success" else EXIT_FAILED
     summary["wall_s"] = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: summary.get(k) for k in RUN_JSON_KEYS} | {"evals": summary.get("evals", []),

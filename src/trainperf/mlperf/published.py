@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trainperf.core import flops as metrics
 from trainperf.core.errors import SpecError
-from trainperf.core.hardware import peak_flops_for
+from trainperf.core.hardware import GPU_GENERATIONS, gpu_generation, peak_flops_for
 from trainperf.core.untrusted import (check_inside, finite_number, load_untrusted_json, printable, read_untrusted_bytes,
                                       split_lines, whole_number)
 from trainperf.core.spec import RunSpec
@@ -315,14 +315,12 @@ def config_affinity(config: Path, system_name: str) -> int:
     return 1 if any(w in config.name.lower() for w in words) else 0
 
 
-GPU_FAMILIES = {"H100": "hopper", "H200": "hopper", "GH200": "hopper", "B200": "blackwell", "GB200": "blackwell",
-                "B300": "blackwell", "GB300": "blackwell", "MI300X": "cdna3", "MI325X": "cdna3", "MI355X": "cdna4"}
+GPU_FAMILIES = GPU_GENERATIONS  # GPU model -> generation (core.hardware parses the names)
 
 
 def named_gpu_family(text: str) -> str | None:
     """The GPU generation a name mentions (config_XE9680L_B200.sh: blackwell), None if it names none."""
-    found = re.findall(r"GB\d00|GH200|[BH]\d00|MI\d{3}X", text.upper())
-    return GPU_FAMILIES.get(found[0]) if found else None
+    return gpu_generation(text)
 
 
 def matching_config(configs: list[Path], commons: list[Path], system_name: str, gpus: int, nodes: int,

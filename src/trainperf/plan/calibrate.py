@@ -17,7 +17,7 @@ import statistics
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import RunSpec
 from trainperf.plan.costs import estimate
-from trainperf.plan.hardware import GPU, preset_for_device
+from trainperf.plan.hardware import PricedGPU, preset_for_device
 from trainperf.plan.hardware import scale_host_time as with_host_scale
 
 
@@ -33,7 +33,7 @@ def measured_runs(store) -> list[tuple[RunSpec, dict, float, float | None]]:
     return out
 
 
-def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
+def calibrate(store, gpu_name: str) -> tuple[PricedGPU, list[dict]]:
     runs = [r for r in measured_runs(store) if gpu_name.lower() in (r[1].get("gpu") or "").lower()]
     if not runs:
         raise SpecError(f"no measured GPU runs of {gpu_name!r} in the store to calibrate from; run some first")
@@ -42,7 +42,7 @@ def calibrate(store, gpu_name: str) -> tuple[GPU, list[dict]]:
         raise SpecError(f"no preset for {runs[0][1]['gpu']!r} to calibrate")
     from scipy.optimize import least_squares
 
-    def gpu_with(x) -> GPU:
+    def gpu_with(x) -> PricedGPU:
         return with_host_scale(dataclasses.replace(base, other_s_per_token_layer_h=x[0] * 1e-10), x[1])
 
     def residuals(x):
@@ -69,10 +69,24 @@ def summary(report: list[dict], which: str) -> dict:
     return {"runs": len(errs), "median_abs_step_error": statistics.median(errs), "max_abs_step_error": max(errs)}
 
 
-def write_gpu_yaml(gpu: GPU, path: str, base_key: str) -> None:
+def write_gpu_yaml(gpu: PricedGPU, path: str, base_key: str) -> None:
     import yaml
 
     fields = dataclasses.asdict(gpu)
     fields["base"] = base_key
     with open(path, "w") as fh:
         yaml.safe_dump(fields, fh, sort_keys=True)
+
+
+def calibrate_to_yaml(db: str, gpu_name: str, path: str) -> dict:
+    """``plan --calibrate GPU_YAML``: fit the model to the stored runs of ``gpu_name``, write the fitted GPU
+    to ``path``, and say how well the preset and the fit predict those runs. SpecError / StoreError."""
+    # the store (and sqlite3) loads only when a fit is asked for
+    from trainperf.store.db import Store
+
+    store = Store(db)
+    fitted, report = calibrate(store, gpu_name)
+    store.close()
+    write_gpu_yaml(fitted, path, gpu_name.lower())
+    return {"gpu": fitted.name, "other_s_per_token_layer_h": fitted.other_s_per_token_layer_h, "written": path,
+            "preset": summary(report, "preset"), "calibrated": summary(report, "calibrated"), "runs": report}

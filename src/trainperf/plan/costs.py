@@ -27,7 +27,7 @@ from trainperf.core.layout import (
 )
 from trainperf.core.spec import RunSpec
 from trainperf.model.lora_layout import mask_record_bytes
-from trainperf.plan.hardware import GPU
+from trainperf.plan.hardware import PricedGPU as GPU  # the cost model prices a GPU as an engine runs it
 from trainperf.plan.kernels import load_fp8_grid, load_table
 
 GIB = 2**30

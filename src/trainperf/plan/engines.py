@@ -16,12 +16,15 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trainperf.core.errors import SpecError
+from trainperf.core.hardware import gpu_model
 from trainperf.core.spec import RunSpec
-from trainperf.plan.hardware import GPU, preset_for_device, scale_host_time
+from trainperf.core.untrusted import finite_number, printable
+from trainperf.plan.hardware import PricedGPU, preset_for_device, scale_host_time
+from trainperf.plan.profile import ENGINE_KINDS, OURS, kind_named, kind_of_engine
 
-OURS = "trainperf"
 
 # factor -> (what it means, prior, lower bound, upper bound, prior's weight in the fit)
 FACTORS: dict[str, tuple[str, float, float, float, float]] = {
@@ -37,8 +40,8 @@ FACTORS: dict[str, tuple[str, float, float, float, float]] = {
 }
 # the factors a profile fixes without fitting: what an engine that captures CUDA graphs and fuses its
 # casts into the neighbouring kernels (NeMo / Megatron with Transformer Engine) spends beside the above;
-# it also shards data parallelism as Megatron's distributed optimizer (whose memory accounting and
-# Megatron's saved activations then apply) and rings GQA's KV heads unexpanded
+# how it shards data parallelism, rings GQA's KV heads, overlaps its pipeline sends, stores FP8
+# activations and splits its stages are its kind's switches (plan/profile.py ENGINE_KINDS)
 FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown": 1.0,
                     # Transformer Engine's CP ring, per step per layer, forward + backward: ~25 small kernels
                     # (chunk selection, the attention pieces, softmax correction, gradient accumulation) and
@@ -46,11 +49,7 @@ FIXED_FOR_FITTED = {"host_scale": 0.0, "fp8_cast_bytes": 0.0, "cp_attn_slowdown"
                     "cp_ring_step_s": 100e-6,
                     # FlashAttention-style kernels reach about half their long-sequence rate near 256
                     # queries (a 128-query tile per SM, the causal diagonal, the last wave)
-                    "attn_half_rate_tokens": 256.0,
-                    # Megatron's overlap_p2p_comm; NeMo's FP8 activation storage (its FP8_ACTIVATION)
-                    "pp_p2p_overlapped": 1.0, "fp8_activation_storage": 1.0,
-                    # NeMo's embedding and loss counted as pipeline layers (126 + 2 over PP8 x VP8)
-                    "asymmetric_stages": 1.0}
+                    "attn_half_rate_tokens": 256.0}
 # float8 GEMM rates by shape for fitted engines (Transformer Engine's float8 linears call the same
 # cuBLASLt kernels the grid times), unless the GPU names its own: measured on an H200 and used for the
 # H100 too -- the same GH100 die and 132 SMs, so the same tiles and waves -- as a share of the grid's
@@ -73,10 +72,14 @@ MIN_RUN_GROUPS = 3  # distinct (benchmark, GPUs, layout) points a fit needs: few
 
 @dataclass(frozen=True)
 class EngineProfile:
+    """An engine's kind (its switches, plan/profile.py) and its rates: fitted factors, or none for this
+    engine's own (the presets' measured rates)."""
+
     name: str
     factors: dict[str, float] = field(default_factory=dict)  # empty: the GPU preset's own rates (trainperf)
     fitted_on: tuple[str, ...] = ()  # the points it was fitted to, "benchmark@GPUs layout"
     time_terms: dict[str, float] = field(default_factory=dict)  # TIME_TERMS fitted ({}: none, 0 s)
+    kind: str = "megatron"  # ENGINE_KINDS: the only kind of fitted engine the cost model prices today
 
     def describe(self) -> list[str]:
         if not self.factors:
@@ -89,8 +92,8 @@ class EngineProfile:
                 "fitted_on": list(self.fitted_on)}
 
 
-def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
-    """The GPU as the planner sees it when this engine runs on it."""
+def apply_profile(gpu: PricedGPU, profile: EngineProfile | None) -> PricedGPU:
+    """The GPU as the planner sees it when this engine runs on it: the profile's rates, its kind's switches."""
     if profile is None or not profile.factors:
         return gpu
     f = profile.factors
@@ -99,20 +102,17 @@ def apply_profile(gpu: GPU, profile: EngineProfile | None) -> GPU:
         other_s_per_token_layer_h=f["elementwise_ns"] * 1e-12, compile_other_factor=1.0, tp_overhead_s_per_layer=0.0,
         tp_comm_exposed=f["tp_exposed"], comm_overlap=f["comm_overlap"], step_overhead_s=f["step_overhead_s"],
         fp8_cast_bytes_eager=FIXED_FOR_FITTED["fp8_cast_bytes"], fp8_cast_bytes_compiled=FIXED_FOR_FITTED["fp8_cast_bytes"],
-        cp_attn_slowdown=FIXED_FOR_FITTED["cp_attn_slowdown"], data_parallel="distributed_optimizer",
-        cp_ring_expanded_kv=0.0, pipelined_eval=1.0, cp_ring_step_s=FIXED_FOR_FITTED["cp_ring_step_s"],
+        cp_attn_slowdown=FIXED_FOR_FITTED["cp_attn_slowdown"], cp_ring_step_s=FIXED_FOR_FITTED["cp_ring_step_s"],
         attn_half_rate_tokens=FIXED_FOR_FITTED["attn_half_rate_tokens"],
-        pp_p2p_overlapped=FIXED_FOR_FITTED["pp_p2p_overlapped"],
-        fp8_activation_storage=FIXED_FOR_FITTED["fp8_activation_storage"],
-        asymmetric_stages=FIXED_FOR_FITTED["asymmetric_stages"],
         fp8_gemm_grid=gpu.fp8_gemm_grid or default_fp8_grid(gpu),
+        **dataclasses.asdict(kind_named(profile.kind).switches),
         **{k: profile.time_terms.get(k, 0.0) for k in TIME_TERMS})
     return scale_host_time(out, FIXED_FOR_FITTED["host_scale"])
 
 
-def default_fp8_grid(gpu: GPU) -> str:
+def default_fp8_grid(gpu: PricedGPU) -> str:
     """The packaged float8 grid for a GH100 GPU (H100, H200; SXM or NVL), '' (flat rate) for any other."""
-    return FP8_GEMM_GRID if any(part in gpu.name for part in FP8_GRID_GPUS) else ""
+    return FP8_GEMM_GRID if gpu_model(gpu.name) in FP8_GRID_GPUS else ""
 
 
 @dataclass
@@ -121,7 +121,7 @@ class EngineRun:
 
     run_id: str
     spec: RunSpec
-    gpu: GPU
+    gpu: PricedGPU
     gpus_per_node: int
     tokens_per_s_per_gpu: float
     time_to_train_s: float | None
@@ -160,7 +160,7 @@ def group_points(runs: list[EngineRun]) -> list[EngineRun]:
     return [sorted(g, key=lambda r: r.tokens_per_s_per_gpu)[len(g) // 2] for g in groups.values()]
 
 
-def fit_profile(name: str, points: list[EngineRun]) -> EngineProfile:
+def fit_profile(name: str, points: list[EngineRun], kind: str = "megatron") -> EngineProfile:
     """Least squares on log(predicted / published tokens/s per GPU), plus a weak pull of each factor
     towards its prior (log ratio times its weight); SpecError naming what is needed when too few."""
     if name == OURS:
@@ -182,14 +182,14 @@ def fit_profile(name: str, points: list[EngineRun]) -> EngineProfile:
     hi = [FACTORS[k][3] for k in names]
 
     def residuals(x):
-        prof = EngineProfile(name, dict(zip(names, x)))
+        prof = EngineProfile(name, dict(zip(names, x)), kind=kind)
         out = [math.log(estimate(p.spec, apply_profile(p.gpu, prof), p.gpus_per_node).tokens_per_s_per_gpu
                         / p.tokens_per_s_per_gpu) for p in points]
         return out + [FACTORS[k][4] * math.log(max(v, 1e-3) / max(FACTORS[k][1], 1e-3)) for k, v in zip(names, x)]
 
     x0 = [FACTORS[k][1] for k in names]
     fit = least_squares(residuals, x0, bounds=(lo, hi))
-    rates = EngineProfile(name, {k: float(v) for k, v in zip(names, fit.x)}, tuple(p.label for p in points))
+    rates = EngineProfile(name, {k: float(v) for k, v in zip(names, fit.x)}, tuple(p.label for p in points), kind=kind)
     return dataclasses.replace(rates, time_terms=fit_time_terms(rates, points))
 
 
@@ -272,7 +272,69 @@ def median_abs(values: list[float]) -> float:
 
 
 def load_profile(store, name: str) -> EngineProfile:
-    """``trainperf``: this engine's own; any other name: fitted now to that engine's stored runs."""
+    """``trainperf``: this engine's own; any other name: fitted now to that engine's stored runs, as the
+    kind of engine its name says (nemo: megatron) -- SpecError when the planner models no such kind."""
     if name == OURS:
-        return EngineProfile(OURS)
-    return fit_profile(name, group_points(engine_runs(store, name)))
+        return EngineProfile(OURS, kind=OURS)
+    runs = engine_runs(store, name)
+    kind = kind_of_engine(name)
+    if runs and kind is None:
+        raise SpecError(f"engine {printable(name, 40)!r}: its stored runs are of no engine kind the planner models ("
+                        + "; ".join(f"{k.name}: {', '.join(k.engines)}" for k in ENGINE_KINDS.values())
+                        + "); give --engine a profile file with its kind to price it as one")
+    return fit_profile(name, group_points(runs), kind.name if kind else "megatron")
+
+
+PROFILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_profile_file(engine: str) -> bool:
+    """Whether --engine names a profile file rather than a stored engine."""
+    return engine.lower().endswith(PROFILE_SUFFIXES)
+
+
+def read_profile_file(path: str) -> EngineProfile:
+    """A profile as ``plan --calibrate --engine NAME --json`` prints it (its "profile" object, or the whole
+    output), YAML or JSON: name, factors (every one of FACTORS), time_terms (of TIME_TERMS), and kind
+    (ENGINE_KINDS; default: the kind of the engine named). SpecError saying what is wrong."""
+    import yaml  # (YAML is a superset of JSON: one reader for both)
+
+    where = f"--engine {printable(path, 80)!r}"
+    if not Path(path).is_file():
+        raise SpecError(f"{where}: no such profile file (write one with `trainperf plan --calibrate --engine NAME "
+                        "--json`)")
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{where}: not valid YAML or JSON ({str(exc).splitlines()[0]})") from None
+    data = data.get("profile", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("factors"), dict):
+        raise SpecError(f"{where}: expected a mapping with name and factors ({', '.join(FACTORS)})")
+    kind = data.get("kind") or getattr(kind_of_engine(data["name"]), "name", None)
+    if kind not in ENGINE_KINDS or kind == OURS:
+        raise SpecError(f"{where}: kind {kind!r}; give kind: one of "
+                        f"{', '.join(k for k in ENGINE_KINDS if k != OURS)}")
+    factors, terms = data["factors"], data.get("time_terms") or {}
+    if set(factors) != set(FACTORS) or not isinstance(terms, dict) or not set(terms) <= set(TIME_TERMS):
+        raise SpecError(f"{where}: factors must be exactly {', '.join(FACTORS)}; time_terms some of "
+                        f"{', '.join(TIME_TERMS)}")
+    fitted = {k: finite_number(factors[k], f"{where} {k}", lo=FACTORS[k][2], hi=FACTORS[k][3]) for k in FACTORS}
+    timed = {k: finite_number(v, f"{where} {k}", lo=0) for k, v in terms.items()}
+    return EngineProfile(printable(data["name"], 40), fitted, tuple(str(x) for x in data.get("fitted_on") or ()), timed,
+                         kind)
+
+
+def fit_stored_engine(db: str, name: str) -> tuple[EngineProfile, list[EngineRun], list[dict]]:
+    """``plan --calibrate --engine NAME``: (NAME's profile fitted to its stored runs, the points, each
+    point's stored against fitted tokens/s per GPU). SpecError / StoreError."""
+    # the store (and sqlite3) loads only when a fit is asked for
+    from trainperf.store.db import Store, require_existing_store
+
+    require_existing_store(db, "`trainperf import`")
+    store = Store(db)
+    try:
+        points = group_points(engine_runs(store, name))
+    finally:
+        store.close()
+    profile = fit_profile(name, points)
+    return profile, points, profile_errors(profile, points)

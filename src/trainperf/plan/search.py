@@ -14,7 +14,7 @@ from trainperf.core.validate import validate_layout
 from trainperf.mlperf.recipes import EVAL_ROWS, RCP_RULESET, RCP_UNIT, gbs_eval_skips, gbs_rate_span
 from trainperf.mlperf.score import DEFAULT_RULESET, captured_logging, rcp_global_batch_sizes, rcp_reference_samples
 from trainperf.plan.costs import Estimate, estimate
-from trainperf.plan.hardware import GPU
+from trainperf.plan.hardware import PricedGPU as GPU  # the cost model prices a GPU as an engine runs it
 
 # `plan`'s and `tune`'s default --memory-headroom: a layout is ranked only if its predicted reserved
 # memory is at most (1 - headroom) x the GPU's. The allocated-memory prediction was measured up to

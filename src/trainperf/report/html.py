@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 
 from trainperf.core.errors import SpecError
+from trainperf.core.hardware import gpu_model
 from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.core.untrusted import printable
 from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
@@ -225,7 +226,7 @@ def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
     if not any(isinstance(m, dict) and m.get("benchmark") == "llama2_70b_lora" for m in mlperf):
         return [], ""
     gpus = {gpu_model_of(r) for r in comparable}
-    models = {m for m in ("H100", "H200") if any(m in g for g in gpus)}
+    models = {gpu_model(g) for g in gpus} & {"H100", "H200"}
     points, _ = split_imported([p for p in LLAMA2_70B_LORA if p[3] in models], runs)
     return points, f"published llama2_70b_lora, {', '.join(sorted(models))} (MLCommons)"
 

@@ -14,11 +14,11 @@ times to train when both rows have one, else throughput (samples/s of the whole 
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from trainperf.core.hardware import gpu_model
 from trainperf.core.layout import degrees_name
 from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.mlperf.score import RunSet, run_set_of, system_of_row
@@ -42,8 +42,7 @@ def gpu_model_of(run: dict) -> str:
 
 def gpu_family(name: str) -> str:
     """The GPU model in a device name ('NVIDIA H200-SXM5-141GB' -> 'H200'), or the name itself."""
-    m = re.search(r"\b([A-Z]{1,2}\d{2,3})\b", name or "")
-    return m.group(1) if m else (name or "")
+    return gpu_model(name) or (name or "")
 
 
 def system_of(run: dict) -> str:
