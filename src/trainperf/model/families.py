@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from trainperf.core.spec import LoRASpec, ModelSpec
-from trainperf.model import gpt, llama
+from trainperf.model import gpt, gpt_oss, llama
 from trainperf.model.options import ModelOptions
 
 
@@ -16,17 +16,21 @@ def build_on_meta(cfg: ModelSpec, options: ModelOptions | None = None, lora: LoR
     core.validate refuses it for gpt)."""
     if cfg.family == "gpt":
         return gpt.build_on_meta(cfg, options)
+    if cfg.family == "gpt_oss":
+        return gpt_oss.build_on_meta(cfg, options)
     return llama.build_on_meta(cfg, options, lora)
 
 
 def build(cfg: ModelSpec, options: ModelOptions | None = None) -> nn.Module:
     """The family's module tree on the current device, uninitialised."""
+    if cfg.family == "gpt_oss":
+        return gpt_oss.GptOssForCausalLM(cfg, options)
     return gpt.GPTModel(cfg, options) if cfg.family == "gpt" else llama.LlamaForCausalLM(cfg, options)
 
 
 def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, device) -> torch.Tensor:
     """The full, layout-independent initial value of parameter ``name`` (fp32)."""
-    fn = gpt.init_full_tensor if cfg.family == "gpt" else llama.init_full_tensor
+    fn = {"gpt": gpt.init_full_tensor, "gpt_oss": gpt_oss.init_full_tensor}.get(cfg.family, llama.init_full_tensor)
     return fn(name, shape, cfg, seed, device)
 
 
