@@ -99,6 +99,9 @@ class ParallelSpec:
     pp: int = 1
     pp_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B
     pp_stages_per_rank: int = 0  # virtual stages per pipeline rank; 0: 2 for Interleaved1F1B, else 1
+    # expert parallel: a MoE model's experts split over ep ranks borrowed from dp_shard (torchtitan's
+    # scheme): each rank holds num_experts / ep of them; tokens reach them by all-to-all
+    ep: int = 1
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")

@@ -227,7 +227,8 @@ def check_values(spec: RunSpec) -> None:
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                  "max_position_embeddings"):
         _at_least(f"model.{name}", getattr(m, name), 1)
-    if m.hidden_size % m.num_heads:
+    _at_least("model.attention_head_dim", m.attention_head_dim, 0, " (0: hidden_size / num_heads)")
+    if not m.attention_head_dim and m.hidden_size % m.num_heads:
         raise SpecError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     if m.num_heads % m.num_kv_heads:
         raise SpecError(
@@ -237,6 +238,7 @@ def check_values(spec: RunSpec) -> None:
         raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
     if m.family == "gpt":
         _check_gpt_model(spec)
+    _check_moe_model(spec)
     for name in ("rope_theta", "rms_norm_eps", "init_std"):
         _above(f"model.{name}", getattr(m, name), 0)
     _at_least("lora.rank", lo.rank, 0, " (0 disables LoRA)")
@@ -306,6 +308,59 @@ def _check_gpt_model(spec: RunSpec) -> None:
                             "attention in bf16 (leave it at its default)")
 
 
+def _check_moe_model(spec: RunSpec) -> None:
+    """A mixture of experts (model.family=gpt_oss, model/gpt_oss.py): its expert count, top-k, window,
+    activation clamp and YaRN numbers in range, the Llama-only options refused; experts and ep on a
+    dense family refused."""
+    m, p = spec.model, spec.parallel
+    _at_least("parallel.ep", p.ep, 1, " (1: every rank holds every expert)")
+    if m.family != "gpt_oss":
+        for key, value, default in (("parallel.ep", p.ep, 1), ("model.num_experts", m.num_experts, 0),
+                                    ("model.experts_per_token", m.experts_per_token, 0)):
+            if value != default:
+                raise SpecError(f"{key}={value} needs a mixture-of-experts model (model.family=gpt_oss); "
+                                f"model.family={m.family} is dense: valid {key}={default}")
+        return
+    _at_least("model.num_experts", m.num_experts, 1, " (model.family=gpt_oss is a mixture of experts)")
+    if not 1 <= m.experts_per_token <= m.num_experts:
+        raise SpecError(f"model.experts_per_token={m.experts_per_token}: each token's top-k must be 1..{m.num_experts} "
+                        f"(model.num_experts={m.num_experts})")
+    if m.head_dim % 2:
+        raise SpecError(f"head dim {m.head_dim} must be even for RoPE (model.attention_head_dim, or hidden_size/num_heads)")
+    _at_least("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, 0.0, " (0: no load-balancing loss)")
+    _at_least("model.sliding_window", m.sliding_window, 0, " (0: every layer attends to the whole prefix)")
+    _above("model.swiglu_alpha", m.swiglu_alpha, 0)
+    _above("model.swiglu_limit", m.swiglu_limit, 0)
+    _at_least("model.rope_factor", m.rope_factor, 1.0, " (1: plain RoPE)")
+    _at_least("model.rope_original_max_positions", m.rope_original_max_positions, 1)
+    _above("model.rope_beta_slow", m.rope_beta_slow, 0)
+    _above("model.rope_beta_fast", m.rope_beta_fast, m.rope_beta_slow, " (model.rope_beta_slow)")
+    for key, value, other in (("lora.rank", spec.lora.rank, spec.lora.enabled),
+                              ("model.fused_qkv", m.fused_qkv, m.fused_qkv),
+                              ("hardware.attention", spec.hardware.attention, spec.hardware.attention != "sdpa"),
+                              ("hardware.fp8", spec.hardware.fp8, spec.hardware.fp8 != "none")):
+        if other:
+            raise SpecError(f"{key}={value} is for model.family=llama; model.family=gpt_oss trains every weight with "
+                            "its own sink attention in bf16 (leave it at its default)")
+
+
+def check_moe_layout(spec: RunSpec) -> None:
+    """The layouts a gpt_oss model takes: FSDP2 / HSDP with expert parallel (ep dividing both the
+    experts and dp_shard, which resolve_layout checks); no TP, CP or PP for it yet."""
+    m, p = spec.model, spec.parallel
+    if m.family != "gpt_oss":
+        return
+    for key, value in (("parallel.tp", p.tp), ("parallel.cp", p.cp), ("parallel.pp", p.pp)):
+        if value > 1:
+            raise SpecError(f"{key}={value} is not supported for model.family=gpt_oss (it trains under FSDP2/HSDP "
+                            f"with expert parallel: parallel.ep, dp_shard, dp_replicate); valid: {key}=1")
+    if m.num_experts % p.ep:
+        both = math.gcd(m.num_experts, p.dp_shard)
+        valid = [d for d in range(1, both + 1) if both % d == 0]
+        raise SpecError(f"parallel.ep={p.ep} does not divide model.num_experts={m.num_experts} (each rank holds whole "
+                        f"experts); valid with dp_shard={p.dp_shard}: {', '.join(map(str, valid))}")
+
+
 def _validate_optimizer(t: TrainSpec) -> None:
     if t.optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise SpecError("train.optimizer=adamw8bit needs torchao (pip install torchao, or a wheel on a machine "
@@ -352,6 +407,7 @@ def validate(spec: RunSpec, world_size: int, *, cuda: bool, before_checkpoint: b
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
     validate_layout(spec, cuda)
+    check_moe_layout(spec)
     if d.path is None and (d.train_samples < 1 or d.eval_samples < 0):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")

@@ -79,6 +79,19 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, counts_li
     return torch.cat([b @ w[e] for e, b in enumerate(blocks)], dim=0)
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """The identity forward; the gradient times a constant backward."""
+
+    @staticmethod
+    def forward(ctx, x, factor: float):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
 def local_dispatch(x: torch.Tensor, counts: torch.Tensor, experts_fn):
     """All experts on this rank: the sorted rows go straight to the GEMMs."""
     return experts_fn(x, counts, None)
@@ -96,13 +109,17 @@ class GroupedExperts(nn.Module):
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden))
         # (rows, counts per expert, fn) -> rows: expert parallelism's all-to-all replaces it
         self.dispatcher = local_dispatch
+        # factor on the weights' gradients: expert parallel's FSDP2 group is smaller than the other
+        # parameters' (parallel/expert_parallel.py), so its average needs this to divide alike
+        self.grad_scale = 1.0
 
     def _weights(self):
         from torch.distributed.tensor import DTensor
 
         # under expert parallelism each rank's local block holds its own experts
-        return [w.to_local() if isinstance(w, DTensor) else w
-                for w in (self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias)]
+        ws = [w.to_local() if isinstance(w, DTensor) else w
+              for w in (self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias)]
+        return ws if self.grad_scale == 1.0 else [_ScaleGrad.apply(w, self.grad_scale) for w in ws]
 
     def compute(self, x: torch.Tensor, counts: torch.Tensor, counts_list: list[int] | None) -> torch.Tensor:
         """x: rows sorted by local expert; counts: rows per local expert."""

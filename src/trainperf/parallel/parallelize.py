@@ -33,6 +33,7 @@ from trainperf.model import flash4, lora_kernel  # noqa: F401  register the cust
 from trainperf.model.families import decoder_layers
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
+from trainperf.parallel.expert_parallel import apply_ep, shard_experts
 from trainperf.parallel.layer_wrapper import LayerWrapper
 from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
 
@@ -446,6 +447,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     p, tr = spec.parallel, spec.train
     if p.tp > 1:
         (apply_tp_gpt if spec.model.family == "gpt" else apply_tp)(model, mesh["tp"], p.sp)
+    if p.ep > 1:  # 2b. expert parallel (parallel/expert_parallel.py)
+        apply_ep(model, mesh, p)
     modes = layer_memory_modes(len(decoder_layers(model)), tr.recompute, tr.recompute_layers, tr.recompute_others,
                                tr.offload_layers)
     offloader = None
@@ -454,6 +457,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
         offloader = ActivationOffloader(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
     wrap_layers(model, modes, offloader, "inductor" if tr.compile else None)
     if not runs_without_fsdp(model, mesh, param_dtype, spec.hardware.mixed_precision == "autocast"):
+        if p.ep > 1:  # the experts' own FSDP2 group first: the layers' then leaves their weights to it
+            shard_experts(model, mesh, p, param_dtype, reshard=p.pp == 1)
         apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
     return offloader
 
