@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import ModelSpec
 from trainperf.model import gpt_oss, moe
-from trainperf.model.checkpoint import inspect_checkpoint, load_checkpoint_into
+from trainperf.model.checkpoint import check_checkpoint, inspect_checkpoint, load_checkpoint_into
 from trainperf.model.loss import masked_loss_sum, shift_targets
 
 transformers = pytest.importorskip("transformers")
@@ -50,7 +50,7 @@ def load_ours(path):
     index = inspect_checkpoint(str(path))
     spec = ModelSpec(name="tiny-gpt-oss", family="gpt_oss",
                      **gpt_oss.config_to_model_fields(index.config, "model.path"))
-    gpt_oss.check_checkpoint_tensors(index.tensors, spec, str(path))
+    check_checkpoint(index, spec)
     model = gpt_oss.GptOssForCausalLM(spec)
     load_checkpoint_into(model, index)
     return model.eval(), spec
@@ -127,19 +127,19 @@ def test_router_scores_softmax_over_top_k():
     assert torch.allclose(scores, torch.softmax(torch.tensor([[3.0, 2.0]]), -1))
 
 
-def test_missing_and_misshaped_expert_tensors(hf_ckpt, tmp_path):
+def test_missing_and_misshaped_expert_tensors(hf_ckpt):
     d, _ = hf_ckpt
     index = inspect_checkpoint(str(d))
     spec = ModelSpec(family="gpt_oss", **gpt_oss.config_to_model_fields(index.config, "model.path"))
-    tensors = dict(index.tensors)
-    del tensors["model.layers.1.mlp.experts.down_proj"]
+    full = dict(index.tensors)
+    del index.tensors["model.layers.1.mlp.experts.down_proj"]
     with pytest.raises(SpecError, match=r"lacks tensor 'model.layers.1.mlp.experts.down_proj'"):
-        gpt_oss.check_checkpoint_tensors(tensors, spec, "ck")
-    tensors = dict(index.tensors)
-    f, shape, dt = tensors["model.layers.0.mlp.experts.gate_up_proj"]
-    tensors["model.layers.0.mlp.experts.gate_up_proj"] = (f, [4, shape[1], shape[2]], dt)
+        check_checkpoint(index, spec)
+    index.tensors = dict(full)
+    f, shape, dt = full["model.layers.0.mlp.experts.gate_up_proj"]
+    index.tensors["model.layers.0.mlp.experts.gate_up_proj"] = (f, [4, shape[1], shape[2]], dt)
     with pytest.raises(SpecError, match=r"shape \[4, 64, 64\], config.json implies \[8, 64, 64\]") as e:
-        gpt_oss.check_checkpoint_tensors(tensors, spec, "ck")
+        check_checkpoint(index, spec)
     assert "\n" not in str(e.value)
 
 

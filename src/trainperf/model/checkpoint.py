@@ -25,6 +25,7 @@ from trainperf.core.errors import SpecError
 from trainperf.core.files import atomic_write_dir
 from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.core.untrusted import load_untrusted_json, member_file, printable
+from trainperf.model import gpt_oss
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json and the shard index: a 405B model's index is a few MB
 
@@ -58,6 +59,8 @@ VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")  # padd
 
 def config_keys(family: str) -> dict[str, str]:
     """ModelSpec field -> config.json key, for the model family's checkpoint layout."""
+    if family == "gpt_oss":
+        return gpt_oss.HF_CONFIG_KEYS
     return MEGATRON_CONFIG_KEYS if family == "gpt" else HF_CONFIG_KEYS
 
 
@@ -107,6 +110,8 @@ def megatron_config_to_model_fields(config: dict, where: str) -> dict:
 
 
 def config_to_model_fields(config: dict, family: str, where: str) -> dict:
+    if family == "gpt_oss":
+        return gpt_oss.config_to_model_fields(config, where)
     if family == "gpt":
         return megatron_config_to_model_fields(config, where)
     return hf_config_to_model_fields(config, where)
@@ -213,6 +218,8 @@ def expected_gpt_shapes(m: ModelSpec) -> dict[str, list[int]]:
 
 
 def expected_shapes(m: ModelSpec, fused_qkv: bool) -> dict[str, list[int]]:
+    if m.family == "gpt_oss":
+        return gpt_oss.expected_shapes(m)
     if m.family == "gpt":
         return expected_gpt_shapes(m)
     h, hd, q_out, kv_out = m.hidden_size, m.head_dim, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim

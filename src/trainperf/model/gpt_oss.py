@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.core.errors import SpecError
 from trainperf.core.spec import ModelSpec
 from trainperf.model.llama import param_generator
 from trainperf.model.loss import chunked_loss_sum
@@ -229,8 +230,6 @@ ROPE_KEYS = {"rope_theta": "rope_theta", "rope_factor": "factor", "rope_beta_fas
 
 def config_to_model_fields(config: dict, where: str) -> dict:
     """A GptOssConfig's config.json -> ModelSpec fields; SpecError naming the first missing key."""
-    from trainperf.core.errors import SpecError
-
     fields = {}
     for ours, theirs in HF_CONFIG_KEYS.items():
         value = config.get(theirs)
@@ -256,18 +255,3 @@ def config_to_model_fields(config: dict, where: str) -> dict:
         raise SpecError(f"{where}: config.json layer_types must alternate sliding_attention, full_attention "
                         "starting with sliding_attention (gpt-oss's pattern)")
     return fields
-
-
-def check_checkpoint_tensors(tensors: dict[str, tuple], m: ModelSpec, where: str) -> None:
-    """Every tensor the model needs is present with its shape ({name: (file, shape, dtype)}); SpecError
-    naming the first that is not, with the shape the config implies."""
-    from trainperf.core.errors import SpecError
-
-    for name, shape in expected_shapes(m).items():
-        if name not in tensors:
-            quantised = name[: -len("_proj")] + "_proj_blocks" if name.endswith("experts.gate_up_proj") else ""
-            hint = " (MXFP4 expert blocks are not read: use a bf16 copy)" if quantised and quantised in tensors else ""
-            raise SpecError(f"checkpoint {where!r} lacks tensor {name!r}{hint}")
-        got = list(tensors[name][1])
-        if got != shape:
-            raise SpecError(f"checkpoint {where!r}: tensor {name!r} has shape {got}, config.json implies {shape}")
