@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import ModelSpec
+from trainperf.core.families import family
 from trainperf.model import gpt_oss, moe
 from trainperf.model.checkpoint import check_checkpoint, inspect_checkpoint, load_checkpoint_into
 from trainperf.model.loss import masked_loss_sum, shift_targets
@@ -49,7 +50,7 @@ def hf_ckpt(tmp_path_factory):
 def load_ours(path):
     index = inspect_checkpoint(str(path))
     spec = ModelSpec(name="tiny-gpt-oss", family="gpt_oss",
-                     **gpt_oss.config_to_model_fields(index.config, "model.path"))
+                     **family("gpt_oss").config_to_model_fields(index.config, "model.path"))
     check_checkpoint(index, spec)
     model = gpt_oss.GptOssForCausalLM(spec)
     load_checkpoint_into(model, index)
@@ -130,7 +131,7 @@ def test_router_scores_softmax_over_top_k():
 def test_missing_and_misshaped_expert_tensors(hf_ckpt):
     d, _ = hf_ckpt
     index = inspect_checkpoint(str(d))
-    spec = ModelSpec(family="gpt_oss", **gpt_oss.config_to_model_fields(index.config, "model.path"))
+    spec = ModelSpec(family="gpt_oss", **family("gpt_oss").config_to_model_fields(index.config, "model.path"))
     full = dict(index.tensors)
     del index.tensors["model.layers.1.mlp.experts.down_proj"]
     with pytest.raises(SpecError, match=r"lacks tensor 'model.layers.1.mlp.experts.down_proj'"):
@@ -147,4 +148,4 @@ def test_config_without_experts_is_spec_error():
     cfg = json.loads(hf_config().to_json_string())
     del cfg["num_local_experts"]
     with pytest.raises(SpecError, match="lacks 'num_local_experts'"):
-        gpt_oss.config_to_model_fields(cfg, "model.path")
+        family("gpt_oss").config_to_model_fields(cfg, "model.path")

@@ -15,28 +15,21 @@ MFU = model FLOPs per second per GPU / the GPU's dense bf16 peak (H100/H200 SXM:
 
 from __future__ import annotations
 
+from trainperf.core.families import family
 from trainperf.core.spec import LoRASpec, ModelSpec
 
 
 def projection_shapes(m: ModelSpec) -> dict[str, tuple[int, int]]:
     """(input width, output width) of each decoder-layer projection, by its module name; ``qkv_proj``
-    is the fused q, k and v of a ``fused_qkv`` model. A GPT (model/gpt.py) has the same attention
-    projections (its linear_qkv and linear_proj) and a two-GEMM MLP: linear_fc1 as up_proj,
-    linear_fc2 as down_proj, no gate."""
-    h, q_out, kv_out, ff = m.hidden_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
-    shapes = {"q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "qkv_proj": (h, q_out + 2 * kv_out),
-              "o_proj": (q_out, h), "gate_proj": (h, ff), "up_proj": (h, ff), "down_proj": (ff, h)}
-    if m.family == "gpt":
-        del shapes["gate_proj"]
-    return shapes
+    is the fused q, k and v of a ``fused_qkv`` model. The family says (ModelFamily.projection_shapes):
+    a GPT has the same attention projections and a two-GEMM MLP, no gate."""
+    return family(m.family).projection_shapes(m)
 
 
 def linear_params(m: ModelSpec) -> dict[str, int]:
     """Weights of every projection summed over the layers (q, k, v unfused: a fused qkv holds the same),
     and of the LM head."""
-    out = {name: i * o * m.num_layers for name, (i, o) in projection_shapes(m).items() if name != "qkv_proj"}
-    out["lm_head"] = m.hidden_size * m.vocab_size
-    return out
+    return family(m.family).linear_params(m)
 
 
 def lora_params(m: ModelSpec, lora: LoRASpec) -> int:
@@ -47,20 +40,18 @@ def lora_params(m: ModelSpec, lora: LoRASpec) -> int:
 
 
 def total_params(m: ModelSpec) -> int:
-    """Weights (a GPT's tied output layer is its embedding, counted once, plus its position table; its
-    biases and LayerNorm shifts are left out, under 0.01% of GPT-3)."""
-    if m.family == "gpt":
-        return sum(linear_params(m).values()) + m.max_position_embeddings * m.hidden_size \
-            + (2 * m.num_layers + 1) * m.hidden_size
-    return sum(linear_params(m).values()) + m.vocab_size * m.hidden_size + (2 * m.num_layers + 1) * m.hidden_size
+    """Weights: the projections and LM head, and what the family holds besides (ModelFamily.other_params:
+    the embedding and norms; a GPT's tied output layer is its embedding, counted once, plus its
+    position table)."""
+    return sum(linear_params(m).values()) + family(m.family).other_params(m)
 
 
 def attention_fwd_flops_per_token(m: ModelSpec, seq_len: int) -> float:
-    return 2.0 * seq_len * m.num_heads * m.head_dim * m.num_layers
+    return family(m.family).attention_fwd_flops_per_token(m, seq_len)
 
 
 def train_flops_per_token(m: ModelSpec, lora: LoRASpec, seq_len: int) -> float:
-    n_linear = sum(linear_params(m).values())
+    n_linear = sum(family(m.family).active_linear_params(m).values())  # a token's weights: an MoE's routed experts only
     attn = 3.0 * attention_fwd_flops_per_token(m, seq_len)
     if lora.enabled:
         return 4.0 * n_linear + 6.0 * lora_params(m, lora) + attn

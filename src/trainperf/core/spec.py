@@ -20,10 +20,6 @@ from typing import Any
 from trainperf.core.errors import SpecError
 
 
-# model/llama.py (RMSNorm, SwiGLU, RoPE) | model/gpt.py (LayerNorm, GeLU, tied) | model/gpt_oss.py (MoE)
-MODEL_FAMILIES = ("llama", "gpt", "gpt_oss")
-
-
 @dataclass
 class ModelSpec:
     name: str = "llama"
@@ -70,11 +66,11 @@ class ModelSpec:
 
     def padded_vocab_size(self, tp: int = 1) -> int:
         """Rows of the embedding and the output layer: Megatron pads the GPT vocabulary to a multiple
-        of make_vocab_size_divisible_by x tp, so every TP rank holds an equal, aligned block."""
-        if self.family != "gpt":
-            return self.vocab_size
-        multiple = self.make_vocab_size_divisible_by * tp
-        return -(-self.vocab_size // multiple) * multiple
+        of make_vocab_size_divisible_by x tp, so every TP rank holds an equal, aligned block; other
+        families keep vocab_size rows (ModelFamily.padded_vocab_size)."""
+        from trainperf.core.families import family  # the registry imports these specs: no cycle at load
+
+        return family(self.family).padded_vocab_size(self, tp)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import importlib.util
 import math
 
 from trainperf.core.errors import SpecError
+from trainperf.core.families import FAMILIES, family, names as family_names
 from trainperf.core.hardware import PEAK_BF16_FLOPS, peak_flops_for
 from trainperf.core.layout import (
     Layout,
@@ -25,7 +26,6 @@ from trainperf.core.spec import (
     GRAD_SYNC_MODES,
     LORA_KERNELS,
     MIXED_PRECISION,
-    MODEL_FAMILIES,
     OPTIMIZERS,
     PP_SCHEDULES,
     RECOMPUTE_MODES,
@@ -45,10 +45,7 @@ def validate_layout(spec: RunSpec, cuda: bool) -> None:
     if p.sp and p.tp == 1:
         raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:
-        # a GPT pads its vocabulary to a multiple of tp (ModelSpec.padded_vocab_size)
-        sharded = (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
-                   ("intermediate_size", m.intermediate_size)) + (() if m.family == "gpt" else (("vocab_size", m.vocab_size),))
-        for name, value in sharded:
+        for name, value in family(m.family).tp_sharded(m):
             if value % p.tp:
                 raise SpecError(f"model.{name}={value} is not divisible by parallel.tp={p.tp}; "
                                 f"choose tp among the divisors of {value}")
@@ -175,7 +172,7 @@ def check_choices(spec: RunSpec) -> None:
     valid ones. resolve_spec runs it (``plan`` and ``tune`` price a spec without validate()), validate too."""
     p, t, h = spec.parallel, spec.train, spec.hardware
     for key, value, valid in (
-            ("model.family", spec.model.family, MODEL_FAMILIES),
+            ("model.family", spec.model.family, family_names()),
             ("parallel.pp_schedule", p.pp_schedule, PP_SCHEDULES),
             ("train.recompute", t.recompute, RECOMPUTE_MODES),
             ("train.recompute_others", t.recompute_others, ("none", "selective")),
@@ -234,11 +231,8 @@ def check_values(spec: RunSpec) -> None:
         raise SpecError(
             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
         )
-    if m.head_dim % 2 and m.family == "llama":
-        raise SpecError(f"head dim {m.head_dim} (hidden_size/num_heads) must be even for RoPE")
-    if m.family == "gpt":
-        _check_gpt_model(spec)
-    _check_moe_model(spec)
+    _check_experts(spec)
+    family(m.family).check(spec)
     for name in ("rope_theta", "rms_norm_eps", "init_std"):
         _above(f"model.{name}", getattr(m, name), 0)
     _at_least("lora.rank", lo.rank, 0, " (0 disables LoRA)")
@@ -291,74 +285,18 @@ def check_values(spec: RunSpec) -> None:
     _at_least("hardware.host_mem_gib", h.host_mem_gib, 0.0, " (0: this machine's memory)")
 
 
-def _check_gpt_model(spec: RunSpec) -> None:
-    """What the GPT family (model/gpt.py) has and lacks: multi-head attention, a padded vocabulary, no
-    LoRA, fused qkv or Llama-only kernels."""
-    m = spec.model
-    if m.num_kv_heads != m.num_heads:
-        raise SpecError(f"model.family=gpt has multi-head attention: model.num_kv_heads={m.num_kv_heads} must equal "
-                        f"model.num_heads={m.num_heads}")
-    _at_least("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, 1)
-    for key, value, llama_only in (("lora.rank", spec.lora.rank, spec.lora.enabled),
-                                   ("model.fused_qkv", m.fused_qkv, m.fused_qkv),
-                                   ("hardware.attention", spec.hardware.attention, spec.hardware.attention != "sdpa"),
-                                   ("hardware.fp8", spec.hardware.fp8, spec.hardware.fp8 != "none")):
-        if llama_only:
-            raise SpecError(f"{key}={value} is for model.family=llama; the GPT family trains every weight with SDPA "
-                            "attention in bf16 (leave it at its default)")
-
-
-def _check_moe_model(spec: RunSpec) -> None:
-    """A mixture of experts (model.family=gpt_oss, model/gpt_oss.py): its expert count, top-k, window,
-    activation clamp and YaRN numbers in range, the Llama-only options refused; experts and ep on a
-    dense family refused."""
+def _check_experts(spec: RunSpec) -> None:
+    """Experts and expert parallel belong to a mixture-of-experts family; a dense one refuses them."""
     m, p = spec.model, spec.parallel
     _at_least("parallel.ep", p.ep, 1, " (1: every rank holds every expert)")
-    if m.family != "gpt_oss":
-        for key, value, default in (("parallel.ep", p.ep, 1), ("model.num_experts", m.num_experts, 0),
-                                    ("model.experts_per_token", m.experts_per_token, 0)):
-            if value != default:
-                raise SpecError(f"{key}={value} needs a mixture-of-experts model (model.family=gpt_oss); "
-                                f"model.family={m.family} is dense: valid {key}={default}")
+    if family(m.family).mixture_of_experts:
         return
-    _at_least("model.num_experts", m.num_experts, 1, " (model.family=gpt_oss is a mixture of experts)")
-    if not 1 <= m.experts_per_token <= m.num_experts:
-        raise SpecError(f"model.experts_per_token={m.experts_per_token}: each token's top-k must be 1..{m.num_experts} "
-                        f"(model.num_experts={m.num_experts})")
-    if m.head_dim % 2:
-        raise SpecError(f"head dim {m.head_dim} must be even for RoPE (model.attention_head_dim, or hidden_size/num_heads)")
-    _at_least("model.moe_aux_loss_coeff", m.moe_aux_loss_coeff, 0.0, " (0: no load-balancing loss)")
-    _at_least("model.sliding_window", m.sliding_window, 0, " (0: every layer attends to the whole prefix)")
-    _above("model.swiglu_alpha", m.swiglu_alpha, 0)
-    _above("model.swiglu_limit", m.swiglu_limit, 0)
-    _at_least("model.rope_factor", m.rope_factor, 1.0, " (1: plain RoPE)")
-    _at_least("model.rope_original_max_positions", m.rope_original_max_positions, 1)
-    _above("model.rope_beta_slow", m.rope_beta_slow, 0)
-    _above("model.rope_beta_fast", m.rope_beta_fast, m.rope_beta_slow, " (model.rope_beta_slow)")
-    for key, value, other in (("lora.rank", spec.lora.rank, spec.lora.enabled),
-                              ("model.fused_qkv", m.fused_qkv, m.fused_qkv),
-                              ("hardware.attention", spec.hardware.attention, spec.hardware.attention != "sdpa"),
-                              ("hardware.fp8", spec.hardware.fp8, spec.hardware.fp8 != "none")):
-        if other:
-            raise SpecError(f"{key}={value} is for model.family=llama; model.family=gpt_oss trains every weight with "
-                            "its own sink attention in bf16 (leave it at its default)")
-
-
-def check_moe_layout(spec: RunSpec) -> None:
-    """The layouts a gpt_oss model takes: FSDP2 / HSDP with expert parallel (ep dividing both the
-    experts and dp_shard, which resolve_layout checks); no TP, CP or PP for it yet."""
-    m, p = spec.model, spec.parallel
-    if m.family != "gpt_oss":
-        return
-    for key, value in (("parallel.tp", p.tp), ("parallel.cp", p.cp), ("parallel.pp", p.pp)):
-        if value > 1:
-            raise SpecError(f"{key}={value} is not supported for model.family=gpt_oss (it trains under FSDP2/HSDP "
-                            f"with expert parallel: parallel.ep, dp_shard, dp_replicate); valid: {key}=1")
-    if m.num_experts % p.ep:
-        both = math.gcd(m.num_experts, p.dp_shard)
-        valid = [d for d in range(1, both + 1) if both % d == 0]
-        raise SpecError(f"parallel.ep={p.ep} does not divide model.num_experts={m.num_experts} (each rank holds whole "
-                        f"experts); valid with dp_shard={p.dp_shard}: {', '.join(map(str, valid))}")
+    moe = [n for n in FAMILIES if FAMILIES[n].mixture_of_experts]
+    for key, value, default in (("parallel.ep", p.ep, 1), ("model.num_experts", m.num_experts, 0),
+                                ("model.experts_per_token", m.experts_per_token, 0)):
+        if value != default:
+            raise SpecError(f"{key}={value} needs a mixture-of-experts model (model.family={', '.join(moe)}); "
+                            f"model.family={m.family} is dense: valid {key}={default}")
 
 
 def _validate_optimizer(t: TrainSpec) -> None:
@@ -401,13 +339,13 @@ def validate(spec: RunSpec, world_size: int, *, cuda: bool, before_checkpoint: b
         raise SpecError(f"train.recompute_others={t.recompute_others} applies to the layers train.recompute_layers "
                         "leaves out: it needs train.recompute=full and train.recompute_layers=0..layers per stage")
     if lo.enabled:
-        valid = ("qkv_proj", "o_proj", "gate_proj", "up_proj", "down_proj") if m.fused_qkv else (
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        valid = family(m.family).lora_targets(m)
+        if not valid:
+            raise SpecError(f"lora.rank={lo.rank}: model.family={m.family} has no LoRA; use lora.rank=0")
         bad = [x for x in lo.target_modules if x not in valid]
         if bad or not lo.target_modules:
             raise SpecError(f"lora.target_modules={lo.target_modules}: valid names for this model are {', '.join(valid)}")
     validate_layout(spec, cuda)
-    check_moe_layout(spec)
     if d.path is None and (d.train_samples < 1 or d.eval_samples < 0):
         raise SpecError(f"data.train_samples={d.train_samples}, data.eval_samples={d.eval_samples}: a generated "
                         "dataset needs at least 1 row of each (or give data.path)")

@@ -4,8 +4,10 @@ A checkpoint directory holds ``config.json`` and one or more ``*.safetensors`` s
 ``model.safetensors.index.json`` when sharded). A Llama checkpoint is Hugging Face's layout; a GPT
 checkpoint is the same directory layout with Megatron Core's tensor names (model/gpt.py lists them;
 the tied output layer is stored once, as ``embedding.word_embeddings.weight``, with any number of
-padded rows >= vocab_size) and a config.json of Megatron's argument names (``MEGATRON_CONFIG_KEYS``). ``inspect_checkpoint`` reads only the headers, so a
-missing, corrupt or mismatched checkpoint is reported before any process is launched.
+padded rows >= vocab_size) and a config.json of Megatron's argument names. Each family's adapter --
+its config.json keys, tensor names and expected shapes -- is its ModelFamily's (core/families); this
+module reads and writes the files. ``inspect_checkpoint`` reads only the headers, so a missing,
+corrupt or mismatched checkpoint is reported before any process is launched.
 Loading goes tensor by tensor into whatever placement each parameter has (plain or DTensor):
 no rank ever holds more than one full tensor at a time.
 """
@@ -22,46 +24,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from trainperf.core.errors import SpecError
+from trainperf.core.families import family
+from trainperf.core.families.gpt import GPT_FAMILY, VOCAB_ROWS  # noqa: F401  VOCAB_ROWS: model/dcp_convert.py's
+from trainperf.core.families.llama import LLAMA
 from trainperf.core.files import atomic_write_dir
 from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.core.untrusted import load_untrusted_json, member_file, printable
-from trainperf.model import gpt_oss
+from trainperf.model.families import tied_source
 
 MAX_JSON_BYTES = 64 * 1024 * 1024  # config.json and the shard index: a 405B model's index is a few MB
 
-HF_CONFIG_KEYS = {  # ModelSpec field -> Hugging Face LlamaConfig key
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "rope_theta": "rope_theta",
-    "rms_norm_eps": "rms_norm_eps",
-    "max_position_embeddings": "max_position_embeddings",
-}
-
-
-# ModelSpec field -> Megatron argument name, as a GPT checkpoint's config.json spells it
-MEGATRON_CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "ffn_hidden_size",
-    "num_layers": "num_layers",
-    "num_heads": "num_attention_heads",
-    "max_position_embeddings": "max_position_embeddings",
-    "rms_norm_eps": "layernorm_epsilon",
-    "make_vocab_size_divisible_by": "make_vocab_size_divisible_by",
-}
-MEGATRON_OPTIONAL_KEYS = ("layernorm_epsilon", "make_vocab_size_divisible_by")
-VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")  # padded rows: any count >= vocab
-
-
-def config_keys(family: str) -> dict[str, str]:
+def config_keys(family_name: str) -> dict[str, str]:
     """ModelSpec field -> config.json key, for the model family's checkpoint layout."""
-    if family == "gpt_oss":
-        return gpt_oss.HF_CONFIG_KEYS
-    return MEGATRON_CONFIG_KEYS if family == "gpt" else HF_CONFIG_KEYS
+    return dict(family(family_name).config_keys)
 
 
 @dataclass
@@ -76,69 +51,24 @@ class CheckpointIndex:
 
 
 def hf_config_to_model_fields(config: dict, where: str) -> dict:
-    fields = {}
-    for ours, theirs in HF_CONFIG_KEYS.items():
-        value = config.get(theirs)
-        if theirs == "rope_theta" and value is None:  # transformers 5 nests it
-            value = (config.get("rope_parameters") or {}).get("rope_theta")
-        if theirs == "num_key_value_heads" and value is None:
-            value = config.get("num_attention_heads")
-        if value is None:
-            if theirs in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
-                continue
-            hint = " (a Megatron GPT config; this workload trains a Llama)" if "ffn_hidden_size" in config else ""
-            raise SpecError(f"{where}: config.json lacks {theirs!r}{hint}")
-        fields[ours] = value
-    if config.get("tie_word_embeddings"):
-        raise SpecError(f"{where}: tied input/output embeddings are not supported (config.json tie_word_embeddings=true)")
-    return fields
+    return LLAMA.config_to_model_fields(config, where)
 
 
 def megatron_config_to_model_fields(config: dict, where: str) -> dict:
-    fields = {}
-    for ours, theirs in MEGATRON_CONFIG_KEYS.items():
-        value = config.get(theirs)
-        if value is None:
-            if theirs in MEGATRON_OPTIONAL_KEYS:
-                continue
-            hint = " (a Hugging Face Llama config; this workload trains a GPT)" if config.get("model_type") == "llama" else ""
-            raise SpecError(f"{where}: config.json lacks {theirs!r}{hint}; a GPT checkpoint's config.json names "
-                            f"Megatron's arguments: {', '.join(MEGATRON_CONFIG_KEYS.values())}")
-        fields[ours] = value
-    fields["num_kv_heads"] = fields["num_heads"]  # GPT-3 attention: one key/value head per query head
-    return fields
+    return GPT_FAMILY.config_to_model_fields(config, where)
 
 
-def config_to_model_fields(config: dict, family: str, where: str) -> dict:
-    if family == "gpt_oss":
-        return gpt_oss.config_to_model_fields(config, where)
-    if family == "gpt":
-        return megatron_config_to_model_fields(config, where)
-    return hf_config_to_model_fields(config, where)
+def config_to_model_fields(config: dict, family_name: str, where: str) -> dict:
+    """ModelSpec fields from a checkpoint's config.json, as the family's layout names them."""
+    return family(family_name).config_to_model_fields(config, where)
 
 
 def model_fields_to_megatron_config(m: ModelSpec, dtype: str = "float32") -> dict:
-    cfg = {theirs: getattr(m, ours) for ours, theirs in MEGATRON_CONFIG_KEYS.items()}
-    cfg.update({"architectures": ["GPTModel"], "model_type": "megatron-gpt", "torch_dtype": dtype,
-                "padded_vocab_size": m.padded_vocab_size(1)})
-    return cfg
+    return GPT_FAMILY.model_fields_to_config(m, dtype)
 
 
 def model_fields_to_hf_config(m: ModelSpec, dtype: str = "float32") -> dict:
-    cfg = {theirs: getattr(m, ours) for ours, theirs in HF_CONFIG_KEYS.items()}
-    cfg.update({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": dtype,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-    })
-    return cfg
+    return LLAMA.model_fields_to_config(m, dtype)
 
 
 def inspect_checkpoint(path: str) -> CheckpointIndex:
@@ -200,60 +130,28 @@ def _first_line(exc: BaseException) -> str:
 
 
 def expected_gpt_shapes(m: ModelSpec) -> dict[str, list[int]]:
-    """Megatron names -> shapes; the word embedding's row count is the padded vocabulary at TP 1
-    (check_checkpoint accepts any row count >= vocab_size there)."""
-    h, f = m.hidden_size, m.intermediate_size
-    shapes = {"embedding.word_embeddings.weight": [m.padded_vocab_size(1), h],
-              "embedding.position_embeddings.weight": [m.max_position_embeddings, h],
-              "decoder.final_layernorm.weight": [h], "decoder.final_layernorm.bias": [h]}
-    for i in range(m.num_layers):
-        pre = f"decoder.layers.{i}."
-        for norm in ("input_layernorm", "pre_mlp_layernorm"):
-            shapes[pre + norm + ".weight"] = shapes[pre + norm + ".bias"] = [h]
-        shapes.update({pre + "self_attention.linear_qkv.weight": [3 * h, h], pre + "self_attention.linear_qkv.bias": [3 * h],
-                       pre + "self_attention.linear_proj.weight": [h, h], pre + "self_attention.linear_proj.bias": [h],
-                       pre + "mlp.linear_fc1.weight": [f, h], pre + "mlp.linear_fc1.bias": [f],
-                       pre + "mlp.linear_fc2.weight": [h, f], pre + "mlp.linear_fc2.bias": [h]})
-    return shapes
+    """Megatron names -> shapes (the GPT family's expected_shapes)."""
+    return GPT_FAMILY.expected_shapes(m, False)
 
 
 def expected_shapes(m: ModelSpec, fused_qkv: bool) -> dict[str, list[int]]:
-    if m.family == "gpt_oss":
-        return gpt_oss.expected_shapes(m)
-    if m.family == "gpt":
-        return expected_gpt_shapes(m)
-    h, hd, q_out, kv_out = m.hidden_size, m.head_dim, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    shapes = {"model.embed_tokens.weight": [m.vocab_size, h], "model.norm.weight": [h], "lm_head.weight": [m.vocab_size, h]}
-    for i in range(m.num_layers):
-        pre = f"model.layers.{i}."
-        shapes[pre + "input_layernorm.weight"] = [h]
-        shapes[pre + "post_attention_layernorm.weight"] = [h]
-        if fused_qkv:
-            shapes[pre + "self_attn.qkv_proj.weight"] = [q_out + 2 * kv_out, h]
-        else:
-            shapes[pre + "self_attn.q_proj.weight"] = [q_out, h]
-            shapes[pre + "self_attn.k_proj.weight"] = [kv_out, h]
-            shapes[pre + "self_attn.v_proj.weight"] = [kv_out, h]
-        shapes[pre + "self_attn.o_proj.weight"] = [h, q_out]
-        shapes[pre + "mlp.gate_proj.weight"] = [m.intermediate_size, h]
-        shapes[pre + "mlp.up_proj.weight"] = [m.intermediate_size, h]
-        shapes[pre + "mlp.down_proj.weight"] = [h, m.intermediate_size]
-    del hd
-    return shapes
+    """Checkpoint tensor name -> shape, as the model's family names them."""
+    return family(m.family).expected_shapes(m, fused_qkv)
 
 
 def check_checkpoint(index: CheckpointIndex, m: ModelSpec) -> None:
     """Every tensor the model needs is present with the right shape (fusing/unfusing q,k,v allowed)."""
     want = expected_shapes(m, index.fused_qkv)
+    padded_rows = family(m.family).padded_rows
     for name, shape in want.items():
         if name not in index.tensors:
             raise SpecError(f"checkpoint {str(index.path)!r} lacks tensor {name!r}")
         got = index.tensors[name][1]
         # Megatron pads the vocabulary to its TP's multiple: any padding loads (fit_vocab_rows re-pads)
-        padded_vocab = name in VOCAB_ROWS and len(got) == 2 and got[1] == shape[1] and got[0] >= m.vocab_size
+        padded_vocab = name in padded_rows and len(got) == 2 and got[1] == shape[1] and got[0] >= m.vocab_size
         if got != shape and not padded_vocab:
             raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has shape {got}, config.json implies {shape}"
-                            + (f" (rows >= vocab_size {m.vocab_size})" if name in VOCAB_ROWS else ""))
+                            + (f" (rows >= vocab_size {m.vocab_size})" if name in padded_rows else ""))
         dtype = index.tensors[name][2]
         if dtype not in ("F32", "F16", "BF16"):
             raise SpecError(f"checkpoint {str(index.path)!r}: tensor {name!r} has dtype {dtype}; expected F32, F16 or BF16")
@@ -289,9 +187,8 @@ class _TensorReader:
 
     def full_tensor_for(self, param_name: str) -> torch.Tensor:
         """The checkpoint's tensor for one of our parameter names, fusing or splitting q/k/v."""
-        from trainperf.model.gpt import TIED_WEIGHTS  # a GPT's tied output layer is stored as its embedding
-
-        base = TIED_WEIGHTS.get(param_name, param_name) if param_name not in self.index.tensors else param_name
+        # a tied copy (a GPT's output layer) is stored as the weight it is tied to
+        base = param_name if param_name in self.index.tensors or self.model is None else tied_source(self.model, param_name)
         if base in self.index.tensors:
             return self.get(base)
         if base.endswith("self_attn.qkv_proj.weight"):  # unfused checkpoint, fused model
@@ -352,6 +249,7 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     reader = _TensorReader(index, model)
+    padded_rows = family(model.cfg.family).padded_rows
     nbytes = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -373,7 +271,7 @@ def load_checkpoint_into(model: torch.nn.Module, index: CheckpointIndex, on_tens
                 continue
             full = to_storage(model, name, reader.full_tensor_for(name))
             nbytes += full.numel() * full.element_size()
-            if name in VOCAB_ROWS:
+            if name in padded_rows:
                 full = fit_vocab_rows(full, param.shape[0])
             if isinstance(param, DTensor):
                 local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)

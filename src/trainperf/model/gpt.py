@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.core.spec import ModelSpec
+from trainperf.model.family_modules import FamilyModules, TPPlan
 from trainperf.model.llama import attention_backends, param_generator
 from trainperf.model.loss import chunked_loss_sum
 from trainperf.model.options import ModelOptions
@@ -145,6 +146,11 @@ class GPTModel(nn.Module):
         return None
 
 
+def build(cfg: ModelSpec, options: ModelOptions | None = None, lora=None) -> GPTModel:
+    """The module tree on the current device (the family has no LoRA: core.validate refuses it)."""
+    return GPTModel(cfg, options)
+
+
 def build_on_meta(cfg: ModelSpec, options: ModelOptions | None = None) -> GPTModel:
     """Build the module tree without allocating memory; materialise later with ``to_empty``."""
     with torch.device("meta"):
@@ -165,3 +171,55 @@ def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, de
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         std = cfg.init_std / math.sqrt(2.0 * cfg.num_layers)
     return torch.randn(shape, generator=param_generator(seed, name, device), device=device) * std
+
+
+def tp_plan(model: GPTModel, tp: int, sequence_parallel: bool) -> TPPlan:
+    """Megatron's TP for the GPT family: the vocabulary-padded word embedding split by rows
+    (vocabulary), positions replicated, the sum scattered along the sequence under SP; linear_qkv and
+    linear_fc1 column-parallel (whole heads per rank: Megatron's per-head [q; k; v] rows), linear_proj
+    and linear_fc2 row-parallel; LayerNorms sequence-parallel with SP; the output layer column-parallel
+    over the vocabulary with loss-parallel output, on the embedding's own (tied) weight."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top = {}
+    if model.embedding is not None:
+        top["embedding.word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sequence_parallel:  # word + position embeddings summed whole, then each rank keeps its positions
+            top["embedding"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
+    if model.decoder.final_layernorm is not None and sequence_parallel:
+        top["decoder.final_layernorm"] = SequenceParallel()
+    if model.output_layer is not None:
+        top["output_layer"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    steps = [(model, top)]
+    for layer in model.decoder.layers.values():
+        plan = {
+            "self_attention": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "self_attention.linear_qkv": ColwiseParallel(),
+            "self_attention.linear_proj": RowwiseParallel(output_layouts=seq),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "mlp.linear_fc1": ColwiseParallel(),
+            "mlp.linear_fc2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["pre_mlp_layernorm"] = SequenceParallel()
+        steps.append((layer, plan))
+
+    def retie() -> None:
+        # both styles shard the weight by vocabulary rows (Shard(0)); the output style's new Parameter
+        # object is replaced by the embedding's, so the two stay one tensor with one gradient
+        if model.embedding is not None and model.output_layer is not None:
+            model.output_layer.weight = model.embedding.word_embeddings.weight
+
+    return TPPlan(steps, sp_embedding=model.embedding, after=retie)
+
+
+MODULES = FamilyModules(build=build, init_full_tensor=init_full_tensor, tp_plan=tp_plan, tied_weights=TIED_WEIGHTS)

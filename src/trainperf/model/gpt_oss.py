@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.core.errors import SpecError
 from trainperf.core.spec import ModelSpec
+from trainperf.model.family_modules import FamilyModules
 from trainperf.model.llama import param_generator
 from trainperf.model.loss import chunked_loss_sum
 from trainperf.model.moe import MoE
@@ -178,32 +178,6 @@ class GptOssForCausalLM(nn.Module):
         return None
 
 
-def build_on_meta(cfg: ModelSpec, options: ModelOptions | None = None) -> GptOssForCausalLM:
-    with torch.device("meta"):
-        return GptOssForCausalLM(cfg, options)
-
-
-def expected_shapes(m: ModelSpec) -> dict[str, list[int]]:
-    """Every tensor of the Hugging Face layout -> its shape, by the model's config."""
-    h, f, e, d = m.hidden_size, m.intermediate_size, m.num_experts, m.head_dim
-    q, kv = m.num_heads * d, m.num_kv_heads * d
-    shapes = {"model.embed_tokens.weight": [m.vocab_size, h], "model.norm.weight": [h], "lm_head.weight": [m.vocab_size, h]}
-    for i in range(m.num_layers):
-        pre = f"model.layers.{i}."
-        shapes.update({
-            pre + "input_layernorm.weight": [h], pre + "post_attention_layernorm.weight": [h],
-            pre + "self_attn.q_proj.weight": [q, h], pre + "self_attn.q_proj.bias": [q],
-            pre + "self_attn.k_proj.weight": [kv, h], pre + "self_attn.k_proj.bias": [kv],
-            pre + "self_attn.v_proj.weight": [kv, h], pre + "self_attn.v_proj.bias": [kv],
-            pre + "self_attn.o_proj.weight": [h, q], pre + "self_attn.o_proj.bias": [h],
-            pre + "self_attn.sinks": [m.num_heads],
-            pre + "mlp.router.weight": [e, h], pre + "mlp.router.bias": [e],
-            pre + "mlp.experts.gate_up_proj": [e, h, 2 * f], pre + "mlp.experts.gate_up_proj_bias": [e, 2 * f],
-            pre + "mlp.experts.down_proj": [e, f, h], pre + "mlp.experts.down_proj_bias": [e, h],
-        })
-    return shapes
-
-
 def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, device) -> torch.Tensor:
     """The full initial value of parameter ``name`` (fp32), as transformers initialises gpt-oss:
     norms 1, projection and expert biases 0, everything else (sinks and the router's bias included)
@@ -215,43 +189,10 @@ def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, de
     return torch.randn(shape, generator=param_generator(seed, name, device), device=device) * cfg.init_std
 
 
-# ModelSpec field -> Hugging Face GptOssConfig key
-HF_CONFIG_KEYS = {
-    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-    "attention_head_dim": "head_dim", "num_experts": "num_local_experts", "experts_per_token": "num_experts_per_tok",
-    "sliding_window": "sliding_window", "rms_norm_eps": "rms_norm_eps",
-    "max_position_embeddings": "max_position_embeddings", "swiglu_limit": "swiglu_limit",
-}
-OPTIONAL_KEYS = ("rms_norm_eps", "max_position_embeddings", "swiglu_limit", "sliding_window")
-ROPE_KEYS = {"rope_theta": "rope_theta", "rope_factor": "factor", "rope_beta_fast": "beta_fast",
-             "rope_beta_slow": "beta_slow", "rope_original_max_positions": "original_max_position_embeddings"}
+def tp_plan(model: GptOssForCausalLM, tp: int, sequence_parallel: bool):
+    """No tensor-parallel plan yet: the family's check refuses parallel.tp > 1 before launch."""
+    raise NotImplementedError("model.family=gpt_oss has no tensor-parallel plan (parallel.tp=1)")
 
 
-def config_to_model_fields(config: dict, where: str) -> dict:
-    """A GptOssConfig's config.json -> ModelSpec fields; SpecError naming the first missing key."""
-    fields = {}
-    for ours, theirs in HF_CONFIG_KEYS.items():
-        value = config.get(theirs)
-        if value is None:
-            if theirs in OPTIONAL_KEYS:
-                continue
-            raise SpecError(f"{where}: config.json lacks {theirs!r}; a gpt-oss checkpoint's config.json names "
-                            f"{', '.join(HF_CONFIG_KEYS.values())}")
-        fields[ours] = value
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise SpecError(f"{where}: config.json rope_parameters must be an object, found {type(rope).__name__}")
-    if rope.get("rope_type", "yarn") not in ("yarn", "default"):
-        raise SpecError(f"{where}: config.json rope_type {rope.get('rope_type')!r} is not read; valid: yarn, default")
-    for ours, theirs in ROPE_KEYS.items():
-        value = rope.get(theirs, config.get(theirs))
-        if value is not None:
-            fields[ours] = value
-    if rope.get("rope_type") == "default":
-        fields["rope_factor"] = 1.0
-    types = config.get("layer_types")
-    if types is not None and types != ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(len(types))]:
-        raise SpecError(f"{where}: config.json layer_types must alternate sliding_attention, full_attention "
-                        "starting with sliding_attention (gpt-oss's pattern)")
-    return fields
+MODULES = FamilyModules(build=lambda cfg, options, lora: GptOssForCausalLM(cfg, options),
+                        init_full_tensor=init_full_tensor, tp_plan=tp_plan)

@@ -35,8 +35,9 @@ from torch import nn
 
 from trainperf.core.spec import LoRASpec, ModelSpec
 from trainperf.model.flash4 import causal_attention
+from trainperf.model.family_modules import FamilyModules, TPPlan
 from trainperf.model.float8 import apply_float8
-from trainperf.model.lora import apply_lora, project
+from trainperf.model.lora import apply_lora, lora_aware_tp_styles, project
 from trainperf.model.loss import chunked_loss_sum
 from trainperf.model.options import ModelOptions
 
@@ -264,3 +265,44 @@ def init_full_tensor(name: str, shape: torch.Size, cfg: ModelSpec, seed: int, de
         bound = 1.0 / math.sqrt(shape[1])
         return (torch.rand(shape, generator=g, device=device) * 2 - 1) * bound
     return torch.randn(shape, generator=g, device=device) * cfg.init_std
+
+
+def tp_plan(model: LlamaForCausalLM, tp: int, sequence_parallel: bool) -> TPPlan:
+    """Megatron-style TP: the embedding row-parallel, q/k/v (or the fused qkv) and gate/up
+    column-parallel, o and down row-parallel (LoRA-aware styles: the adapters are placed with their
+    base), RMSNorms sequence-parallel with SP; the LM head column-parallel with loss-parallel output."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    # a fused qkv_proj sharded by rows gives every rank its own slice of q, k and v only when the
+    # model stores it in that order (LlamaForCausalLM.storage_transforms)
+    assert model.options.tp == tp or not model.cfg.fused_qkv, (model.options.tp, tp)
+    Col, Row = lora_aware_tp_styles()
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top = {}
+    if model.model.embed_tokens is not None:
+        top["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.model.norm is not None and sequence_parallel:
+        top["model.norm"] = SequenceParallel()
+    if model.lm_head is not None:
+        top["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+    steps = [(model, top)]
+    for layer in model.model.layers.values():
+        plan = {
+            "self_attn": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+            "self_attn.o_proj": Row(output_layouts=seq),
+            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": Col(),
+            "mlp.up_proj": Col(),
+            "mlp.down_proj": Row(output_layouts=seq),
+        }
+        for name in ("qkv_proj",) if layer.self_attn.fused else ("q_proj", "k_proj", "v_proj"):
+            plan[f"self_attn.{name}"] = Col()
+        if sequence_parallel:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+        steps.append((layer, plan))
+    return TPPlan(steps, sp_embedding=model.model.embed_tokens)
+
+
+MODULES = FamilyModules(build=LlamaForCausalLM, init_full_tensor=init_full_tensor, tp_plan=tp_plan)

@@ -8,6 +8,8 @@ checkpoints still load one to one, and names the adapters as PEFT does (``...q_p
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -185,3 +187,47 @@ def store_frozen_base_in(model: nn.Module, dtype: torch.dtype) -> None:
             continue
         owner_name, _, leaf = full_name.rpartition(".")
         setattr(model.get_submodule(owner_name), leaf, nn.Parameter(q.to(dtype), requires_grad=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor parallel styles for LoRALinear
+
+def _lora_aware(style_cls, base_place, lora_a_place, lora_b_place, desired_input):
+    """A Colwise/RowwiseParallel that also places a LoRALinear's adapters.
+
+    Colwise base (q/k/v/qkv, gate/up): weight Shard(0); lora_A replicated (it reads the full input);
+    lora_B Shard(0) (its output is the base's output shard). Rowwise base (o/down): weight Shard(1);
+    lora_A Shard(1) (a partial sum, reduced together with the base's in the same collective);
+    lora_B replicated. requires_grad is carried over, so frozen weights stay frozen."""
+    from torch.distributed.tensor import distribute_module, distribute_tensor
+
+    class Style(style_cls):
+        def _apply(self, module, device_mesh):
+            if not isinstance(module, LoRALinear):
+                return super()._apply(module, device_mesh)
+            places = {"": base_place, "lora_A": lora_a_place, "lora_B": lora_b_place}
+            self.desired_input_layouts = (desired_input,)
+
+            def partition(name, sub, mesh):
+                if name not in places:
+                    return
+                for pname, param in list(sub.named_parameters(recurse=False)):
+                    dt = distribute_tensor(param, mesh, [places[name]], src_data_rank=None)
+                    sub.register_parameter(pname, nn.Parameter(dt, requires_grad=param.requires_grad))
+
+            return distribute_module(
+                module, device_mesh, partition,
+                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+    return Style
+
+
+def lora_aware_tp_styles():
+    """(Colwise, Rowwise) parallel styles that place a LoRALinear's adapters beside its base weight
+    (a family's tensor-parallel plan uses them on the projections LoRA may target)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return (_lora_aware(ColwiseParallel, Shard(0), Replicate(), Shard(0), Replicate()),
+            _lora_aware(RowwiseParallel, Shard(1), Shard(1), Replicate(), Shard(-1)))

@@ -2,7 +2,7 @@
 fixed order (torchtitan's):
 
     1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
-    2. TP + SP          parallelize_module plans; LoRA-aware styles; loss-parallel output
+    2. TP + SP          the family's parallelize_module plans (model/families.py tp_plan); loss-parallel output
     3. CP               context_parallel() around each step (applied per step, see train/engine.py;
                         the model is built for it: ModelOptions.repeat_kv)
     4. recompute        activation checkpointing per decoder layer (none | selective | full), or
@@ -21,7 +21,6 @@ choices (attention, LoRA kernel, float8 GEMMs) are the model's own, fixed when i
 from __future__ import annotations
 
 import copy
-from functools import partial
 
 import torch
 from torch import nn
@@ -30,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from trainperf.core.layout import MESH_DIMS, Layout, layer_memory_modes, stages_per_rank
 from trainperf.core.spec import ParallelSpec, RunSpec
 from trainperf.model import flash4, lora_kernel  # noqa: F401  register the custom ops the selective policy names
-from trainperf.model.families import decoder_layers
+from trainperf.model.families import decoder_layers, tied_weights, tp_plan
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
 from trainperf.parallel.expert_parallel import apply_ep, shard_experts
@@ -87,6 +86,14 @@ def stage_module(model: nn.Module, path: str) -> nn.Module | None:
     return getattr(model.get_submodule(parent), leaf)
 
 
+def stage_parameter(model: nn.Module, name: str) -> nn.Parameter | None:
+    """The parameter ``name``, or None where this pipeline stage dropped its module."""
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return None
+
+
 def embedding_groups(mesh: DeviceMesh):
     """The process group of this rank's first and last pipeline stage (same data, context and tensor
     coordinates): where a tied embedding's two copies sum their gradients (Megatron's embedding group).
@@ -110,10 +117,12 @@ def tie_pipeline_embeddings(parts: list[nn.Module], group) -> None:
     from torch.distributed.tensor import DTensor
 
     for part in parts:
-        for module in (getattr(part, "embedding", None), getattr(part, "output_layer", None)):
-            if module is None:
+        for copy, source in tied_weights(part).items():  # the family names them (FamilyModules.tied_weights)
+            weight = stage_parameter(part, copy)
+            if weight is None:  # the first stage: the embedding itself
+                weight = stage_parameter(part, source)
+            if weight is None:
                 continue
-            weight = module.word_embeddings.weight if hasattr(module, "word_embeddings") else module.weight
             grad = weight.grad
             if grad is None:
                 grad = torch.zeros_like(weight)
@@ -124,90 +133,21 @@ def tie_pipeline_embeddings(parts: list[nn.Module], group) -> None:
 # ---------------------------------------------------------------------------------------------
 # 2. Tensor + sequence parallel
 
-def _lora_aware(style_cls, base_place, lora_a_place, lora_b_place, desired_input):
-    """A Colwise/RowwiseParallel that also places a LoRALinear's adapters.
-
-    Colwise base (q/k/v/qkv, gate/up): weight Shard(0); lora_A replicated (it reads the full input);
-    lora_B Shard(0) (its output is the base's output shard). Rowwise base (o/down): weight Shard(1);
-    lora_A Shard(1) (a partial sum, reduced together with the base's in the same collective);
-    lora_B replicated. requires_grad is carried over, so frozen weights stay frozen."""
-    from torch.distributed.tensor import distribute_module, distribute_tensor
-
-    class Style(style_cls):
-        def _apply(self, module, device_mesh):
-            if not isinstance(module, LoRALinear):
-                return super()._apply(module, device_mesh)
-            places = {"": base_place, "lora_A": lora_a_place, "lora_B": lora_b_place}
-            self.desired_input_layouts = (desired_input,)
-
-            def partition(name, sub, mesh):
-                if name not in places:
-                    return
-                for pname, param in list(sub.named_parameters(recurse=False)):
-                    dt = distribute_tensor(param, mesh, [places[name]], src_data_rank=None)
-                    sub.register_parameter(pname, nn.Parameter(dt, requires_grad=param.requires_grad))
-
-            return distribute_module(
-                module, device_mesh, partition,
-                partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-                partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
-
-    return Style
-
-
-def _tp_styles():
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    return (_lora_aware(ColwiseParallel, Shard(0), Replicate(), Shard(0), Replicate()),
-            _lora_aware(RowwiseParallel, Shard(1), Shard(1), Replicate(), Shard(-1)))
-
-
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Megatron-style TP: attention heads and MLP columns split over the TP ranks; with SP the norms
-    and the residual stream are split along the sequence between the blocks. The LM head keeps its
-    output vocab-sharded for loss-parallel cross entropy (no gathering of [tokens, vocab] logits)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    """Megatron-style TP by the family's plan (model/families.py tp_plan): attention heads and MLP
+    columns split over the TP ranks; with SP the norms and the residual stream are split along the
+    sequence between the blocks; the LM head keeps its output vocab-sharded for loss-parallel cross
+    entropy (no gathering of [tokens, vocab] logits)."""
+    from torch.distributed.tensor.parallel import parallelize_module
 
-    # a fused qkv_proj sharded by rows gives every rank its own slice of q, k and v only when the
-    # model stores it in that order (LlamaForCausalLM.storage_transforms)
-    assert model.options.tp == tp_mesh.size() or not model.cfg.fused_qkv, (model.options.tp, tp_mesh.size())
-    Col, Row = _tp_styles()
-    seq = Shard(1) if sequence_parallel else Replicate()
+    plan = tp_plan(model, tp_mesh.size(), sequence_parallel)
     frozen = {n: q.requires_grad for n, q in model.named_parameters()}
-    top = {}
-    if model.model.embed_tokens is not None:
-        top["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-    if model.model.norm is not None and sequence_parallel:
-        top["model.norm"] = SequenceParallel()
-    if model.lm_head is not None:
-        top["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
-    parallelize_module(model, tp_mesh, top)
-    if model.model.embed_tokens is not None and sequence_parallel:
-        own_output_storage(model.model.embed_tokens)
-    for layer in model.model.layers.values():
-        attn = layer.self_attn
-        plan = {
-            "self_attn": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
-            "self_attn.o_proj": Row(output_layouts=seq),
-            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            "mlp.gate_proj": Col(),
-            "mlp.up_proj": Col(),
-            "mlp.down_proj": Row(output_layouts=seq),
-        }
-        for name in ("qkv_proj",) if attn.fused else ("q_proj", "k_proj", "v_proj"):
-            plan[f"self_attn.{name}"] = Col()
-        if sequence_parallel:
-            plan["input_layernorm"] = SequenceParallel()
-            plan["post_attention_layernorm"] = SequenceParallel()
-        parallelize_module(layer, tp_mesh, plan)
+    for module, styles in plan.steps:
+        parallelize_module(module, tp_mesh, styles)
+    if plan.sp_embedding is not None and sequence_parallel:
+        own_output_storage(plan.sp_embedding)
+    if plan.after is not None:
+        plan.after()
     # SequenceParallel re-registers the norm weights without their requires_grad (torch 2.13):
     # restore every flag so frozen weights stay frozen under LoRA.
     for n, q in model.named_parameters():
@@ -219,54 +159,6 @@ def own_output_storage(module: nn.Module) -> None:
     the backward on that output and warns on a view (an in-place op would drop the hook), so the
     shard (tokens / TP x hidden: small next to the layers' activations) gets its own storage."""
     module.register_forward_hook(lambda _module, _args, out: out.clone() if out._is_view() else out)
-
-
-def apply_tp_gpt(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Megatron's TP for the GPT family: the vocabulary-padded word embedding split by rows
-    (vocabulary), positions replicated, the sum scattered along the sequence under SP; linear_qkv and
-    linear_fc1 column-parallel (whole heads per rank: Megatron's per-head [q; k; v] rows), linear_proj
-    and linear_fc2 row-parallel; LayerNorms sequence-parallel with SP; the output layer column-parallel
-    over the vocabulary with loss-parallel output, on the embedding's own (tied) weight."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleOutput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    seq = Shard(1) if sequence_parallel else Replicate()
-    top = {}
-    if model.embedding is not None:
-        top["embedding.word_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-        if sequence_parallel:  # word + position embeddings summed whole, then each rank keeps its positions
-            top["embedding"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
-    if model.decoder.final_layernorm is not None and sequence_parallel:
-        top["decoder.final_layernorm"] = SequenceParallel()
-    if model.output_layer is not None:
-        top["output_layer"] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
-    parallelize_module(model, tp_mesh, top)
-    if model.embedding is not None and sequence_parallel:
-        own_output_storage(model.embedding)
-    if model.embedding is not None and model.output_layer is not None:
-        # both styles shard the weight by vocabulary rows (Shard(0)); the output style's new Parameter
-        # object is replaced by the embedding's, so the two stay one tensor with one gradient
-        model.output_layer.weight = model.embedding.word_embeddings.weight
-    for layer in model.decoder.layers.values():
-        plan = {
-            "self_attention": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            "self_attention.linear_qkv": ColwiseParallel(),
-            "self_attention.linear_proj": RowwiseParallel(output_layouts=seq),
-            "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            "mlp.linear_fc1": ColwiseParallel(),
-            "mlp.linear_fc2": RowwiseParallel(output_layouts=seq),
-        }
-        if sequence_parallel:
-            plan["input_layernorm"] = SequenceParallel()
-            plan["pre_mlp_layernorm"] = SequenceParallel()
-        parallelize_module(layer, tp_mesh, plan)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,7 +338,7 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     train.offload_layers): the engine reads how much it moved."""
     p, tr = spec.parallel, spec.train
     if p.tp > 1:
-        (apply_tp_gpt if spec.model.family == "gpt" else apply_tp)(model, mesh["tp"], p.sp)
+        apply_tp(model, mesh["tp"], p.sp)
     if p.ep > 1:  # 2b. expert parallel (parallel/expert_parallel.py)
         apply_ep(model, mesh, p)
     modes = layer_memory_modes(len(decoder_layers(model)), tr.recompute, tr.recompute_layers, tr.recompute_others,

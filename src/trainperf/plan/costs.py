@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from trainperf.core import flops as metrics
 from trainperf.core.errors import SpecError
+from trainperf.core.families import family
 from trainperf.core.layout import (
     OFFLOAD_PREFETCH_DEPTH,
     layer_memory_modes,
@@ -165,7 +166,7 @@ def activation_bytes_per_token_layer(spec: RunSpec, recompute: str | None = None
     if mode == "full":
         return 2.0 * h / seq_split
     if mode == "selective":
-        mlp_outs = 1 if m.family == "gpt" else 2  # GPT: linear_fc1 alone; Llama: gate and up
+        mlp_outs = family(m.family).mlp_up_projections  # GPT: linear_fc1 alone; Llama: gate and up
         base_out = 2.0 * (q_out + 2 * kv_out + mlp_outs * f) / t + 2.0 * 2 * h  # q,k,v,gate,up split; o, down whole
         attn_out = (2.0 * q_out + 4.0 * heads) / t  # its inputs (RoPE'd q, k) are recomputed from q/k/v
         # context parallel: ring attention issues one attention kernel per ring step and the policy
@@ -382,7 +383,7 @@ def megatron_activation_bytes_per_token_layer(spec: RunSpec, fp8_mlp_outputs: bo
             return g
         return adapter_bytes if gemm in adapted else 0.0
 
-    mlp_outs = 1 if m.family == "gpt" else 2  # GPT: one up-projection; Llama: gate and up
+    mlp_outs = family(m.family).mlp_up_projections  # GPT: one up-projection; Llama: gate and up
     attention = (2.0 + kept_input("qkv")) * h / seq_split \
         + (2.0 * (q + 2 * kv) + (2.0 + kept_input("o", 0.0)) * q + 4.0 * m.num_heads) / p.tp
     up_bytes = 1.0 if fp8_mlp_outputs and spec.hardware.fp8 != "none" else 2.0

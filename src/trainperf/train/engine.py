@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainperf.core.families import family
 from trainperf.core.layout import Layout, grad_accum_steps, stages_per_rank
 from trainperf.core.spec import RunSpec
 from trainperf.model import checkpoint as ckpt
@@ -112,7 +113,7 @@ class Engine:
         # (tie_pipeline_embeddings); the last stage's copy then stays out of the gradient norm, which
         # counts the embedding once as one process does
         self.embedding_group = embedding_groups(mesh) if (
-            p.pp > 1 and spec.model.family == "gpt") else None
+            p.pp > 1 and family(spec.model.family).tied_embeddings) else None
         self.tied_copies = [part.output_layer.weight for _, part in self.parts
                             if self.embedding_group is not None and part.output_layer is not None]
         # FSDP2's switch for syncing gradients only on the last micro-batch; None without FSDP2 (one
