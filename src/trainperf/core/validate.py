@@ -42,6 +42,12 @@ def _runs_on_cpu(spec: RunSpec, cuda: bool) -> bool:
 def validate_layout(spec: RunSpec, cuda: bool) -> None:
     """What each technique needs of the model and the batch."""
     p, m, t, d = spec.parallel, spec.model, spec.train, spec.data
+    if family(m.family).mixture_of_experts:  # model/moe.py has no TP, CP or pipeline plan yet
+        for key, value in (("parallel.tp", p.tp), ("parallel.cp", p.cp), ("parallel.pp", p.pp)):
+            if value > 1:
+                raise SpecError(f"{key}={value} is not supported for model.family={m.family} (a mixture of experts "
+                                f"trains under FSDP2/HSDP with expert parallel: parallel.ep, dp_shard, dp_replicate); "
+                                f"valid: {key}=1")
     if p.sp and p.tp == 1:
         raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:

@@ -41,8 +41,8 @@ class GptOss(ModelFamily):
     # -- config fields and their checks --------------------------------------------------------------
 
     def check(self, spec: RunSpec) -> None:
-        """Experts, top-k, window, clamp and YaRN numbers in range; the layouts it takes (FSDP2/HSDP
-        with expert parallel: ep dividing the experts; dp_shard's share is resolve_layout's); the
+        """Experts, top-k, window, clamp and YaRN numbers in range; ep dividing the experts (dp_shard's
+        share is resolve_layout's; the layouts a mixture of experts takes, validate_layout's); the
         Llama-only options refused."""
         from trainperf.core.validate import _above, _at_least  # validate imports the families: no cycle at load
 
@@ -69,10 +69,6 @@ class GptOss(ModelFamily):
             if set_:
                 raise SpecError(f"{key}={value} is for model.family=llama; model.family=gpt_oss trains every weight "
                                 "with its own sink attention (leave it at its default)")
-        for key, value in (("parallel.tp", p.tp), ("parallel.cp", p.cp), ("parallel.pp", p.pp)):
-            if value > 1:
-                raise SpecError(f"{key}={value} is not supported for model.family=gpt_oss (it trains under FSDP2/HSDP "
-                                f"with expert parallel: parallel.ep, dp_shard, dp_replicate); valid: {key}=1")
         if p.ep >= 1 and m.num_experts % p.ep:
             raise SpecError(f"parallel.ep={p.ep} does not divide model.num_experts={m.num_experts} (each rank holds "
                             f"whole experts); valid: {_divisors(m.num_experts)} (and dividing parallel.dp_shard)")
