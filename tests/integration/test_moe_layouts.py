@@ -4,7 +4,8 @@ Three optimizer steps through the CLI, the load-balancing loss on: the per-step 
 loss after step 2 match the single-process run within 1e-4 (fp32), the gradient norms within 1e-4
 relative, and no rank warns. The layouts
 cover the experts split over all ranks (ep = dp_shard) and split over 2 of 4 with each pair's
-experts FSDP-sharded over the other 2 (dp_shard_mod_ep = 2).
+experts FSDP-sharded over the other 2 (dp_shard_mod_ep = 2). Then the whole workload reaches its
+target under ep=2.
 """
 
 from __future__ import annotations
@@ -61,3 +62,14 @@ def test_expert_parallel_matches_single_process(tmp_path, reference, layout):
         assert abs(a - b) < 1e-4 * b, (layout, run["grad_norms"], reference["grad_norms"])
     assert [e["samples_count"] for e in run["evals"]] == [e["samples_count"] for e in reference["evals"]] == [32]
     assert abs(run["evals"][0]["eval_loss"] - reference["evals"][0]["eval_loss"]) < 1e-4, (run["evals"], reference["evals"])
+
+
+def test_mini_moe_pretrain_reaches_its_target_under_expert_parallel(tmp_path):
+    """The whole workload, experts split over 2 ranks: the Markov optimum + 0.10 within CI time."""
+    out = run_cli("run", "mini-moe-pretrain", "--nproc-per-node", "2", "--json", "--set", "hardware.device=cpu",
+                  "--set", "parallel.dp_shard=2", "--set", "parallel.ep=2", "--db", str(tmp_path / "t.db"),
+                  "--out", str(tmp_path / "runs"), cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    assert s["status"] == "success" and s["final_eval_loss"] <= s["target"], s
+    assert s["time_to_train_s"] < 60 and not warning_lines(out.stderr)

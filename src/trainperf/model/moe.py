@@ -72,7 +72,9 @@ def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.T
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, counts_list: list[int] | None) -> torch.Tensor:
     """x [rows sorted by expert, in] @ w [experts, in, out], row block e with expert e.
     ``counts_list``: the same counts on the host (the loop needs them; the GPU kernel reads ``counts``)."""
-    if x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+    # the kernel wants bf16 and 16-byte-aligned rows (a multiple of 8 bf16 values on both sides)
+    if x.is_cuda and x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm") \
+            and x.shape[1] % 8 == 0 and w.shape[2] % 8 == 0:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         return torch._grouped_mm(x, w, offs=offs)
     blocks = x.split(counts_list if counts_list is not None else counts.tolist(), dim=0)
