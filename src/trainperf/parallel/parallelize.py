@@ -3,6 +3,8 @@ fixed order (torchtitan's):
 
     1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
     2. TP + SP          the family's parallelize_module plans (model/families.py tp_plan); loss-parallel output
+    2b. EP              a mixture of experts' experts split over parallel.ep ranks, all-to-all dispatch
+                        (parallel/expert_parallel.py; their FSDP2 group is applied just before step 6's)
     3. CP               context_parallel() around each step (applied per step, see train/engine.py;
                         the model is built for it: ModelOptions.repeat_kv)
     4. recompute        activation checkpointing per decoder layer (none | selective | full), or
