@@ -83,11 +83,11 @@ def cpu_spec(model: ModelSpec) -> RunSpec:
 
 
 def test_llama_and_gpt_are_registered_in_both_halves():
-    assert core_families.names() == ("llama", "gpt")
+    assert core_families.names() == ("llama", "gpt", "gpt_oss")
     assert set(model_families.MODULES) == set(core_families.names())
     assert family("gpt").tied_embeddings and family("gpt").pads_vocab and family("gpt").mlp_up_projections == 1
     assert not family("llama").tied_embeddings and family("llama").mlp_up_projections == 2
-    with pytest.raises(SpecError, match=r"model.family='moe': valid values are llama, gpt"):
+    with pytest.raises(SpecError, match=r"model.family='moe': valid values are llama, gpt, gpt_oss"):
         family("moe")
 
 

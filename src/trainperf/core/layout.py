@@ -40,11 +40,12 @@ class Layout:
     sp: bool = False
     pp_schedule: str = "1F1B"
     pp_stages_per_rank: int = 0  # 0: the schedule's default
+    ep: int = 1  # expert parallel: borrowed from dp_shard, so no mesh dim of its own
 
     @classmethod
     def of(cls, p: ParallelSpec) -> Layout:
         return cls(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp, sp=p.sp,
-                   pp_schedule=p.pp_schedule, pp_stages_per_rank=p.pp_stages_per_rank)
+                   pp_schedule=p.pp_schedule, pp_stages_per_rank=p.pp_stages_per_rank, ep=p.ep)
 
     @classmethod
     def from_sizes(cls, sizes: dict, world: int) -> Layout:
@@ -74,6 +75,12 @@ class Layout:
         """FSDP/HSDP average gradients over dp_replicate x dp_shard x cp ranks; each rank's loss is its
         share of the global sum, so it is scaled by that count to make the average a sum."""
         return self.dp_replicate * self.dp_shard * self.cp
+
+    @property
+    def expert_shard(self) -> int:
+        """FSDP's shard degree for expert weights under EP: dp_shard splits into (dp_shard / ep, ep),
+        the ep ranks hold different experts and the dp_shard / ep ranks of one expert shard it."""
+        return self.dp_shard // self.ep
 
     def grad_accum_steps(self, global_batch_size: int, micro_batch_size: int) -> int:
         return global_batch_size // (self.dp * micro_batch_size)
@@ -145,6 +152,8 @@ class Layout:
             s += ",sp"
         if self.pp > 1:
             s += f",pp_schedule={self.pp_schedule}"
+        if self.ep > 1:
+            s += f",ep={self.ep}"
         return s
 
 
@@ -172,7 +181,7 @@ def degrees_name(p: dict) -> str:
     DP<replicate>x<shard>. ``p`` is a parallel section as a mapping (a stored spec's, or asdict)."""
     rep, shard = p.get("dp_replicate") or 1, max(p.get("dp_shard") or 1, 1)
     parts = [f"DP{rep}x{shard}" if rep > 1 and shard > 1 else f"DP{rep * shard}"]
-    parts += [f"{k.upper()}{p[k]}" for k in ("tp", "cp") if (p.get(k) or 1) > 1]
+    parts += [f"{k.upper()}{p[k]}" for k in ("tp", "cp", "ep") if (p.get(k) or 1) > 1]
     if (p.get("pp") or 1) > 1:
         parts.append(f"PP{p['pp']}" + (f"({p['pp_schedule']})" if p.get("pp_schedule") else ""))
     if p.get("sp") and (p.get("tp") or 1) > 1:
@@ -206,6 +215,10 @@ def resolve_layout(spec: RunSpec, world_size: int) -> None:
             f"layout dp_replicate={p.dp_replicate} x dp_shard={p.dp_shard} x tp={p.tp} x cp={p.cp} x pp={p.pp} "
             f"= {product} processes, but the world size is {world_size}; make the product equal {world_size}"
         )
+    if p.ep < 1 or p.dp_shard % p.ep:
+        valid = [d for d in range(1, p.dp_shard + 1) if p.dp_shard % d == 0]
+        raise SpecError(f"parallel.ep={p.ep}: expert parallel borrows its ranks from dp_shard={p.dp_shard}, so it must "
+                        f"divide it; valid: {', '.join(map(str, valid))}")
 
 
 def layer_memory_modes(n: int, recompute: str, recompute_layers: int = -1, others: str = "none",

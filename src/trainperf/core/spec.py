@@ -43,9 +43,26 @@ class ModelSpec:
     # --make-vocab-size-divisible-by); llama keeps vocab_size rows
     make_vocab_size_divisible_by: int = 128
 
+    # attention heads' width; 0: hidden_size / num_heads (gpt-oss: 64 heads of 64 over a hidden of 2880)
+    attention_head_dim: int = 0
+    # mixture of experts (gpt_oss): experts per MoE layer, the k each token is routed to, and the
+    # load-balancing loss's weight in the training loss (0: not added)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_aux_loss_coeff: float = 0.0
+    # gpt_oss: the sliding-window layers' window (every other layer, the first one included); 0: none
+    sliding_window: int = 0
+    swiglu_alpha: float = 1.702  # gpt_oss's clamped SwiGLU: x * sigmoid(alpha * x), inputs clamped at limit
+    swiglu_limit: float = 7.0
+    # YaRN RoPE scaling (gpt_oss): 1 = plain RoPE; else the context stretch over the original length
+    rope_factor: float = 1.0
+    rope_original_max_positions: int = 4096
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
 
     def padded_vocab_size(self, tp: int = 1) -> int:
         """Rows of the embedding and the output layer: Megatron pads the GPT vocabulary to a multiple
@@ -78,6 +95,9 @@ class ParallelSpec:
     pp: int = 1
     pp_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B
     pp_stages_per_rank: int = 0  # virtual stages per pipeline rank; 0: 2 for Interleaved1F1B, else 1
+    # expert parallel: a MoE model's experts split over ep ranks borrowed from dp_shard (torchtitan's
+    # scheme): each rank holds num_experts / ep of them; tokens reach them by all-to-all
+    ep: int = 1
 
 
 RECOMPUTE_MODES = ("none", "selective", "full")

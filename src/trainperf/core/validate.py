@@ -11,7 +11,7 @@ import importlib.util
 import math
 
 from trainperf.core.errors import SpecError
-from trainperf.core.families import family, names as family_names
+from trainperf.core.families import FAMILIES, family, names as family_names
 from trainperf.core.hardware import PEAK_BF16_FLOPS, peak_flops_for
 from trainperf.core.layout import (
     Layout,
@@ -42,6 +42,12 @@ def _runs_on_cpu(spec: RunSpec, cuda: bool) -> bool:
 def validate_layout(spec: RunSpec, cuda: bool) -> None:
     """What each technique needs of the model and the batch."""
     p, m, t, d = spec.parallel, spec.model, spec.train, spec.data
+    if family(m.family).mixture_of_experts:  # model/moe.py has no TP, CP or pipeline plan yet
+        for key, value in (("parallel.tp", p.tp), ("parallel.cp", p.cp), ("parallel.pp", p.pp)):
+            if value > 1:
+                raise SpecError(f"{key}={value} is not supported for model.family={m.family} (a mixture of experts "
+                                f"trains under FSDP2/HSDP with expert parallel: parallel.ep, dp_shard, dp_replicate); "
+                                f"valid: {key}=1")
     if p.sp and p.tp == 1:
         raise SpecError("parallel.sp=true needs parallel.tp > 1 (sequence parallel splits the tensor-parallel group's work)")
     if p.tp > 1:
@@ -224,12 +230,14 @@ def check_values(spec: RunSpec) -> None:
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                  "max_position_embeddings"):
         _at_least(f"model.{name}", getattr(m, name), 1)
-    if m.hidden_size % m.num_heads:
+    _at_least("model.attention_head_dim", m.attention_head_dim, 0, " (0: hidden_size / num_heads)")
+    if not m.attention_head_dim and m.hidden_size % m.num_heads:
         raise SpecError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     if m.num_heads % m.num_kv_heads:
         raise SpecError(
             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads={m.num_kv_heads} (GQA needs whole groups)"
         )
+    _check_experts(spec)
     family(m.family).check(spec)
     for name in ("rope_theta", "rms_norm_eps", "init_std"):
         _above(f"model.{name}", getattr(m, name), 0)
@@ -281,6 +289,20 @@ def check_values(spec: RunSpec) -> None:
             raise SpecError(f"hardware.gpu={h.gpu!r}: no peak FLOP/s known for it; valid: auto (the device's own "
                             f"name), {', '.join(PEAK_BF16_FLOPS)}, or give hardware.peak_tflops")
     _at_least("hardware.host_mem_gib", h.host_mem_gib, 0.0, " (0: this machine's memory)")
+
+
+def _check_experts(spec: RunSpec) -> None:
+    """Experts and expert parallel belong to a mixture-of-experts family; a dense one refuses them."""
+    m, p = spec.model, spec.parallel
+    _at_least("parallel.ep", p.ep, 1, " (1: every rank holds every expert)")
+    if family(m.family).mixture_of_experts:
+        return
+    moe = [n for n in FAMILIES if FAMILIES[n].mixture_of_experts]
+    for key, value, default in (("parallel.ep", p.ep, 1), ("model.num_experts", m.num_experts, 0),
+                                ("model.experts_per_token", m.experts_per_token, 0)):
+        if value != default:
+            raise SpecError(f"{key}={value} needs a mixture-of-experts model (model.family={', '.join(moe)}); "
+                            f"model.family={m.family} is dense: valid {key}={default}")
 
 
 def _validate_optimizer(t: TrainSpec) -> None:

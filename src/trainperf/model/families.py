@@ -9,11 +9,11 @@ from torch import nn
 
 from trainperf.core.errors import SpecError
 from trainperf.core.spec import LoRASpec, ModelSpec
-from trainperf.model import gpt, llama
+from trainperf.model import gpt, gpt_oss, llama
 from trainperf.model.family_modules import FamilyModules, TPPlan
 from trainperf.model.options import ModelOptions
 
-MODULES: dict[str, FamilyModules] = {"llama": llama.MODULES, "gpt": gpt.MODULES}
+MODULES: dict[str, FamilyModules] = {"llama": llama.MODULES, "gpt": gpt.MODULES, "gpt_oss": gpt_oss.MODULES}
 
 __all__ = ["MODULES", "FamilyModules", "TPPlan", "build", "build_on_meta", "decoder_layers", "init_full_tensor",
            "modules_of", "register", "tied_source", "tied_weights", "tp_plan"]

@@ -3,6 +3,8 @@ fixed order (torchtitan's):
 
     1. pipeline split   torch.distributed.pipelining stages (the model is cut before anything else)
     2. TP + SP          the family's parallelize_module plans (model/families.py tp_plan); loss-parallel output
+    2b. EP              a mixture of experts' experts split over parallel.ep ranks, all-to-all dispatch
+                        (parallel/expert_parallel.py; their FSDP2 group is applied just before step 6's)
     3. CP               context_parallel() around each step (applied per step, see train/engine.py;
                         the model is built for it: ModelOptions.repeat_kv)
     4. recompute        activation checkpointing per decoder layer (none | selective | full), or
@@ -32,6 +34,7 @@ from trainperf.model import flash4, lora_kernel  # noqa: F401  register the cust
 from trainperf.model.families import decoder_layers, tied_weights, tp_plan
 from trainperf.model.float8 import FLOAT8_STORAGE
 from trainperf.model.lora import LoRALinear, is_adapter_param
+from trainperf.parallel.expert_parallel import apply_ep, shard_experts
 from trainperf.parallel.layer_wrapper import LayerWrapper
 from trainperf.parallel.offload import PREFETCH_DEPTH, ActivationOffloader
 
@@ -338,6 +341,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
     p, tr = spec.parallel, spec.train
     if p.tp > 1:
         apply_tp(model, mesh["tp"], p.sp)
+    if p.ep > 1:  # 2b. expert parallel (parallel/expert_parallel.py)
+        apply_ep(model, mesh, p)
     modes = layer_memory_modes(len(decoder_layers(model)), tr.recompute, tr.recompute_layers, tr.recompute_others,
                                tr.offload_layers)
     offloader = None
@@ -346,6 +351,8 @@ def parallelize(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, param_dtype: 
         offloader = ActivationOffloader(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
     wrap_layers(model, modes, offloader, "inductor" if tr.compile else None)
     if not runs_without_fsdp(model, mesh, param_dtype, spec.hardware.mixed_precision == "autocast"):
+        if p.ep > 1:  # the experts' own FSDP2 group first: the layers' then leaves their weights to it
+            shard_experts(model, mesh, p, param_dtype, reshard=p.pp == 1)
         apply_fsdp(model, fsdp_mesh(mesh, p), param_dtype, pipelined=p.pp > 1)
     return offloader
 

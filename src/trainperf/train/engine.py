@@ -23,6 +23,7 @@ from trainperf.model.float8 import FLOAT8_STORAGE, write_float8_weight
 from trainperf.model.families import build_on_meta, init_full_tensor
 from trainperf.model.lora import is_adapter_param, store_frozen_base_in
 from trainperf.model.loss import masked_loss_sum, row_loss_sums, shift_targets
+from trainperf.model.moe import model_aux_loss
 from trainperf.model.options import ModelOptions
 from trainperf.parallel.parallelize import (
     embedding_groups,
@@ -183,9 +184,16 @@ class Engine:
                     with self._autocast():
                         logits = model(ids, pos)
                     loss = masked_loss_sum(logits, labels, label_mask) / global_tokens
-                (loss * self.scale).backward()
+                ((loss + self._aux_loss(model, label_mask, global_tokens)) * self.scale).backward()
             loss_local += loss.detach()
         return loss_local
+
+    def _aux_loss(self, model, label_mask: torch.Tensor, global_tokens: float):
+        """A MoE model's load-balancing loss x model.moe_aux_loss_coeff, weighted by this micro-batch's
+        share of the global batch's tokens (0 for a dense model): it trains, it is not reported."""
+        coeff = self.spec.model.moe_aux_loss_coeff
+        aux = model_aux_loss(model) if coeff else None
+        return 0.0 if aux is None else coeff * aux * (label_mask.sum() / global_tokens)
 
     # -- pipeline ---------------------------------------------------------------------------------
 

@@ -63,6 +63,10 @@ WORKLOADS: dict[str, Workload] = {
                  "Pretrain a 2-layer GPT (LayerNorm, GeLU, learned positions, tied padded vocabulary) on Markov-chain "
                  "text to its known optimal loss + 0.10 (CPU-sized, open division)",
                  mini_specs.mini_gpt_pretrain_defaults, _from_mini("prepare_mini_pretrain")),
+        Workload("mini-moe-pretrain",
+                 "Pretrain a 2-layer gpt-oss mixture of experts (4 experts, top-2, sinks, sliding window) on "
+                 "Markov-chain text to its known optimal loss + 0.10 (CPU-sized, open division)",
+                 mini_specs.mini_moe_pretrain_defaults, _from_mini("prepare_mini_pretrain")),
         Workload("mini-lora",
                  "LoRA-tune a cached pretrained mini Llama to a shifted source, answer-only loss, optimum + 0.10 (CPU-sized, open division)",
                  mini_specs.mini_lora_defaults, _from_mini("prepare_mini_lora")),

@@ -32,6 +32,15 @@ def mini_gpt_model() -> ModelSpec:
                      make_vocab_size_divisible_by=48)
 
 
+def mini_moe_model() -> ModelSpec:
+    """A 2-layer gpt-oss: 4 experts of which each token takes 2, a 16-token window on layer 0 (shorter
+    than the 64-token rows), sinks, YaRN over an original 32 positions, the load-balancing loss on."""
+    return ModelSpec(name="mini-gpt-oss", family="gpt_oss", vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, attention_head_dim=16, num_experts=4,
+                     experts_per_token=2, moe_aux_loss_coeff=0.01, sliding_window=16, rope_theta=150000.0,
+                     rope_factor=2.0, rope_original_max_positions=32, max_position_embeddings=SEQ, init_std=0.02)
+
+
 def mini_pretrain_defaults() -> RunSpec:
     return RunSpec(
         workload="mini-pretrain",
@@ -52,6 +61,14 @@ def mini_gpt_pretrain_defaults() -> RunSpec:
     spec = mini_pretrain_defaults()
     spec.workload, spec.model = "mini-gpt-pretrain", mini_gpt_model()
     spec.mlperf = MLPerfSpec(benchmark="gpt3", division="open", comparable=False)
+    return spec
+
+
+def mini_moe_pretrain_defaults() -> RunSpec:
+    """mini-pretrain's Markov source and schedule on the gpt-oss MoE family."""
+    spec = mini_pretrain_defaults()
+    spec.workload, spec.model = "mini-moe-pretrain", mini_moe_model()
+    spec.mlperf = MLPerfSpec(benchmark="gpt_oss_20b", division="open", comparable=False)
     return spec
 
 

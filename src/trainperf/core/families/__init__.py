@@ -12,6 +12,7 @@ from __future__ import annotations
 from trainperf.core.errors import SpecError
 from trainperf.core.families.family import ModelFamily
 from trainperf.core.families.gpt import GPT_FAMILY
+from trainperf.core.families.gpt_oss import GPT_OSS
 from trainperf.core.families.llama import LLAMA
 
 FAMILIES: dict[str, ModelFamily] = {}
@@ -38,7 +39,7 @@ def family(name: str) -> ModelFamily:
         raise SpecError(f"model.family={name!r}: valid values are {', '.join(FAMILIES)}") from None
 
 
-for _fam in (LLAMA, GPT_FAMILY):
+for _fam in (LLAMA, GPT_FAMILY, GPT_OSS):
     register(_fam)
 
 __all__ = ["FAMILIES", "ModelFamily", "family", "names", "register"]

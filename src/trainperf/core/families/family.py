@@ -35,6 +35,7 @@ class ModelFamily:
     tied_embeddings: bool = False  # the output layer is the input embedding's weight
     pads_vocab: bool = False  # embedding rows padded to make_vocab_size_divisible_by x tp (Megatron)
     padded_rows: tuple[str, ...] = ()  # checkpoint tensors that may hold any row count >= vocab_size
+    mixture_of_experts: bool = False  # routed experts: model.num_experts, experts_per_token, parallel.ep apply
 
     # -- config fields and their checks --------------------------------------------------------------
 
