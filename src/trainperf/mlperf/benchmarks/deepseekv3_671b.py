@@ -9,6 +9,7 @@ model family; until then ``architecture`` is None and the recipe carries the rul
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from trainperf.core.spec import DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ParallelSpec, RunSpec, TrainSpec
@@ -34,7 +35,7 @@ def deepseekv3_671b_defaults(gbs: int = DEEPSEEK_GBS) -> RunSpec:
     lr = deepseek_lr(gbs)
     return RunSpec(
         workload="deepseekv3_671b",
-        model=BENCHMARK.model(),
+        model=dataclasses.replace(BENCHMARK.model(), moe_aux_loss_coeff=MOE_AUX_LOSS_COEFF),
         lora=LoRASpec(rank=0),
         parallel=ParallelSpec(),
         train=TrainSpec(micro_batch_size=1, global_batch_size=gbs, lr=lr, min_lr_ratio=DEEPSEEK_MIN_LR / lr,
@@ -50,6 +51,7 @@ def deepseekv3_671b_defaults(gbs: int = DEEPSEEK_GBS) -> RunSpec:
 
 DEEPSEEK_FIXED = (
     ("lora.rank", 0, "the benchmark trains every parameter"),
+    ("model.moe_aux_loss_coeff", MOE_AUX_LOSS_COEFF, "moe_aux_loss_coeff is fixed to 0.01"),
     ("data.seq_len", 4096, "max_sequence_length is fixed to 4096"),
     ("train.optimizer", "adamw", "opt_name is fixed to adamw"),
     ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
@@ -71,9 +73,7 @@ def deepseek_derived(gbs: int) -> tuple:
 
 
 def deepseek_events(spec: RunSpec, events: list) -> list:
-    # the load-balancing loss weight: the spec's once the MoE family gives it one, else the rules' value
-    coeff = getattr(spec.model, "moe_aux_loss_coeff", MOE_AUX_LOSS_COEFF)
-    return pretraining_events(spec, events) + [("moe_aux_loss_coeff", coeff)]
+    return pretraining_events(spec, events) + [("moe_aux_loss_coeff", spec.model.moe_aux_loss_coeff)]
 
 
 BENCHMARK = Benchmark(
