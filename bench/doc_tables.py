@@ -136,16 +136,16 @@ def rewrite(text: str, doc: str) -> str:
 
 def run(root: Path, check: bool) -> list[str]:
     """The docs under ``root`` whose tables are (or were, before rewriting) out of date."""
-    stale = []
-    for doc in DOCS:
-        path = root / doc
-        old = path.read_text(encoding="utf-8")
+    changed = {}
+    for doc in DOCS:  # every doc rendered before any is written: a bad table leaves all as they were
+        old = (root / doc).read_text(encoding="utf-8")
         new = rewrite(old, doc)
         if new != old:
-            stale.append(doc)
-            if not check:
-                path.write_text(new, encoding="utf-8")
-    return stale
+            changed[doc] = new
+    if not check:
+        for doc, new in changed.items():
+            (root / doc).write_text(new, encoding="utf-8")
+    return list(changed)
 
 
 def main(argv: list[str] | None = None) -> int:
