@@ -6,10 +6,13 @@ the text between the markers is rewritten, so running this twice changes nothing
     python bench/doc_tables.py            # rewrite the tables in place
     python bench/doc_tables.py --check    # exit 1 (naming the docs) when a table is out of date
 
-The figures come from dated JSON lines (``bench/data/performance.jsonl``, ``planner.jsonl``,
-``performance_targets.jsonl``): one object per measurement with an ``id`` naming the metric, and a
-table shows the latest measurement of each id (by ``date``; the later line wins a tie), in the order
-the ids first appear. A new measurement is a new line with the same id: the old line stays as history.
+The figures come from dated JSON lines (``bench/data/performance.jsonl``, ``planner.jsonl``): one
+object per measurement with ``id`` (the metric's name), ``metric`` (what was measured), ``value``
+(the figure with its units), ``date``, ``hardware``, ``command``, and optionally ``commit`` (shown
+beside the date) and ``note``. A table shows the latest measurement of each id (by ``date``; the later
+line wins a tie), in the order the ids first appear. A new measurement is a new line with the same
+id: the old line stays as history. ``performance_targets.jsonl`` holds ``id``, ``target``, ``best``
+and ``status`` per goal, the latest line of each id shown the same way.
 The dated write-ups behind them are kept verbatim in ``bench/data/PERFORMANCE_LOG.md`` and
 ``bench/data/PLANNER_LOG.md``.
 """
@@ -77,9 +80,24 @@ def dated(row: dict) -> str:
     return f"{row['date']} ({row['commit']})" if row.get("commit") else str(row["date"])
 
 
+FIGURE_FIELDS = ("metric", "value", "date", "hardware", "command")
+
+
+def figure_lines(name: str) -> list[dict]:
+    """A figures file's lines; each must carry what the table shows (a figure never loses its date)."""
+    rows = read_lines(DATA / name)
+    for n, row in enumerate(rows, 1):
+        missing = [f for f in FIGURE_FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
+        if missing:
+            raise SpecError(f"{name} entry {n} ({row['id']}): needs non-empty {', '.join(missing)}")
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", row["date"]):
+            raise SpecError(f"{name} entry {n} ({row['id']}): date {row['date']!r} is not YYYY-MM-DD")
+    return rows
+
+
 def figures_table(name: str) -> Callable[[], str]:
     def render() -> str:
-        rows = latest(read_lines(DATA / name))
+        rows = latest(figure_lines(name))
         return markdown(["figure", "value", "date", "hardware", "command"], ["---"] * 5,
                         [[r["metric"], r["value"], dated(r), r["hardware"], r["command"]] for r in rows])
     return render

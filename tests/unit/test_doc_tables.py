@@ -91,3 +91,21 @@ def test_unknown_table_exits_2_with_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "unknown table 'nope'" in proc.stderr
     assert doc.read_text(encoding="utf-8") == before
+
+
+def test_every_figure_keeps_its_date_hardware_and_command(tmp_path, monkeypatch):
+    for name in ("performance.jsonl", "planner.jsonl"):
+        assert dt.figure_lines(name)  # the repository's lines all pass
+    table = dt.figures_table("performance.jsonl")()
+    assert "2026-12-03 (13b748e)" in table and "4c58eaa" not in table  # the GPU suite's later line wins
+    (tmp_path / "f.jsonl").write_text('{"id": "x", "metric": "m", "value": "1 s", "date": "Dec 3", '
+                                      '"hardware": "1x H200", "command": "c"}\n'
+                                      '{"id": "y", "metric": "m", "value": "1 s", "date": "2026-12-03"}\n',
+                                      encoding="utf-8")
+    monkeypatch.setattr(dt, "DATA", tmp_path)
+    with pytest.raises(SpecError, match="date 'Dec 3' is not YYYY-MM-DD"):
+        dt.figure_lines("f.jsonl")
+    (tmp_path / "f.jsonl").write_text('{"id": "y", "metric": "m", "value": "1 s", "date": "2026-12-03"}\n',
+                                      encoding="utf-8")
+    with pytest.raises(SpecError, match="needs non-empty hardware, command"):
+        dt.figure_lines("f.jsonl")
