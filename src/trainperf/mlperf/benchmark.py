@@ -34,6 +34,17 @@ MOE_LAYOUT_VARIABLES = {**NEMO_LAYOUT_VARIABLES, "ep": ("EXPERT_MODEL_PARALLEL",
 # the spec values a GBS-derived schedule sets (apply_gbs_schedule)
 GBS_DERIVED = ("train.lr", "train.warmup_steps", "train.decay_steps", "eval.skip_first")
 ANY_GBS = (1, 2**62)
+# the closed values both Llama 3.1 pretraining benchmarks (8B, 405B) fix alike
+LLAMA31_PRETRAIN_FIXED = (
+    ("lora.rank", 0, "pretraining trains every parameter"),
+    ("data.seq_len", 8192, "max_sequence_length is fixed to 8192"),
+    ("train.optimizer", "adamw", "the reference's optimizer is AdamW with full-precision states"),
+    ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
+    ("train.beta2", 0.95, "opt_adamw_beta_2 is fixed to 0.95"),
+    ("train.eps", 1e-5, "opt_adamw_epsilon is fixed to 1e-05"),
+    ("train.weight_decay", 0.1, "opt_adamw_weight_decay is fixed to 0.1"),
+    ("train.grad_clip", 1.0, "opt_gradient_clip_norm is fixed to 1.0"),
+)
 
 
 def get(spec: RunSpec, dotted: str):

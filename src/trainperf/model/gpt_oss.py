@@ -35,18 +35,14 @@ from torch import nn
 
 from trainperf.core.spec import ModelSpec
 from trainperf.model.family_modules import FamilyModules
+from trainperf.model import llama
 from trainperf.model.llama import param_generator
 from trainperf.model.loss import chunked_loss_sum
 from trainperf.model.moe import MoE
 from trainperf.model.options import ModelOptions
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
+class RMSNorm(llama.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # gpt-oss scales in fp32 and casts afterwards (Llama casts before the scale)
         x32 = x.float()

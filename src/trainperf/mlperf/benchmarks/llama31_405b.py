@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trainperf.core.spec import DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec, TrainSpec
-from trainperf.mlperf.benchmark import Benchmark, GbsSchedule, needs_paths, pretraining_events
+from trainperf.mlperf.benchmark import LLAMA31_PRETRAIN_FIXED, Benchmark, GbsSchedule, needs_paths, pretraining_events
 
 LLAMA31_405B = ModelSpec(name="llama3.1-405b", vocab_size=128256, hidden_size=16384, intermediate_size=53248,
                          num_layers=126, num_heads=128, num_kv_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
@@ -66,14 +66,7 @@ def llama31_405b_defaults(gbs: int = 1152) -> RunSpec:
 
 
 LLAMA405_FIXED = (
-    ("lora.rank", 0, "pretraining trains every parameter"),
-    ("data.seq_len", 8192, "max_sequence_length is fixed to 8192"),
-    ("train.optimizer", "adamw", "the reference's optimizer is AdamW with full-precision states"),
-    ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
-    ("train.beta2", 0.95, "opt_adamw_beta_2 is fixed to 0.95"),
-    ("train.eps", 1e-5, "opt_adamw_epsilon is fixed to 1e-05"),
-    ("train.weight_decay", 0.1, "opt_adamw_weight_decay is fixed to 0.1"),
-    ("train.grad_clip", 1.0, "opt_gradient_clip_norm is fixed to 1.0"),
+    *LLAMA31_PRETRAIN_FIXED,
     ("data.eval_samples", LLAMA405_EVAL_ROWS, "eval_samples is fixed to 5760"),
     ("eval.every_samples", LLAMA405_EVAL_EVERY, "the rules evaluate every 18,432 sequences"),
     ("eval.target", LLAMA405_TARGET, "the quality target is log perplexity 5.6"),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trainperf.core.spec import DataSpec, EvalSpec, LoRASpec, MLPerfSpec, ModelSpec, ParallelSpec, RunSpec, TrainSpec
-from trainperf.mlperf.benchmark import Benchmark, check_decay_to_max_steps, needs_validation_rows, pretraining_events
+from trainperf.mlperf.benchmark import (LLAMA31_PRETRAIN_FIXED, Benchmark, check_decay_to_max_steps,
+                                        needs_validation_rows, pretraining_events)
 
 LLAMA31_8B = ModelSpec(name="llama3.1-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                        num_heads=32, num_kv_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
@@ -34,14 +35,7 @@ def llama31_8b_defaults() -> RunSpec:
 
 
 PRETRAIN_FIXED = (
-    ("lora.rank", 0, "pretraining trains every parameter"),
-    ("data.seq_len", 8192, "max_sequence_length is fixed to 8192"),
-    ("train.optimizer", "adamw", "the reference's optimizer is AdamW with full-precision states"),
-    ("train.beta1", 0.9, "opt_adamw_beta_1 is fixed to 0.9"),
-    ("train.beta2", 0.95, "opt_adamw_beta_2 is fixed to 0.95"),
-    ("train.eps", 1e-5, "opt_adamw_epsilon is fixed to 1e-05"),
-    ("train.weight_decay", 0.1, "opt_adamw_weight_decay is fixed to 0.1"),
-    ("train.grad_clip", 1.0, "opt_gradient_clip_norm is fixed to 1.0"),
+    *LLAMA31_PRETRAIN_FIXED,
     ("train.min_lr_ratio", 0.1, "opt_end_learning_rate is 0.1 x the base rate"),
     ("train.max_steps", PRETRAIN_MAX_STEPS, "max_steps is fixed to 1,200,000"),
     ("data.eval_samples", PRETRAIN_EVAL_ROWS, "eval uses the first 1024 validation sequences"),
