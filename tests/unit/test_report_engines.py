@@ -118,7 +118,7 @@ def test_imported_runs_are_not_projected_with_this_engines_preset(mixed_store):
 
 def test_a_published_result_shows_once_as_its_imported_runs(mixed_store):
     runs = mixed_store.list_runs(limit=1000, trials=False)
-    shown, left_out = split_imported(LLAMA2_70B_LORA, runs)
+    shown, left_out = split_imported(LLAMA2_70B_LORA, runs, "llama2_70b_lora")
     assert [p[:5] for p in left_out] == [("v4.1", "NVIDIA", "DGX H200 (NeMo, FP8)", "H200", 8),
                                          ("v4.1", "NVIDIA", "Eos_n8", "H100", 64)]
     assert len(shown) == len(LLAMA2_70B_LORA) - 2
@@ -163,7 +163,7 @@ def test_a_real_imported_submission_beside_this_engines_runs(tmp_path):
     runs = store.list_runs(limit=1000, trials=False)
     nemo = [r for r in scaling_table(runs) if r.engine == "nemo"]
     assert [(r.gpus, r.layout, r.runs) for r in nemo] == [(8, "DP4·CP2", 2)] and 0.5 < nemo[0].mfu < 1.0
-    _, left_out = split_imported(LLAMA2_70B_LORA, runs)
+    _, left_out = split_imported(LLAMA2_70B_LORA, runs, "llama2_70b_lora")
     assert [p[2] for p in left_out] == ["DGX H200 (NeMo, FP8)"]
     store.close()
 

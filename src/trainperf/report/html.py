@@ -24,7 +24,7 @@ from trainperf.core.errors import SpecError
 from trainperf.core.hardware import gpu_model
 from trainperf.core.results import OUR_ENGINE, engine_of
 from trainperf.core.untrusted import printable
-from trainperf.mlperf.published import LLAMA2_70B_LORA, SOURCE
+from trainperf.mlperf.published import PUBLISHED_TABLES, SOURCE
 from trainperf.mlperf.score import run_set_of, score_stored_set
 from trainperf.report.columns import page_cells, page_headers
 from trainperf.report.labels import (
@@ -219,24 +219,30 @@ def scaling_section(rows: list[ScalingRow], scores: list[dict] | None = None) ->
     return _table(headers, cells, ["anomaly" if r.anomalies else "" for r in rows])
 
 
+def published_benchmark(runs: list[dict]) -> str | None:
+    """The benchmark with a published table that comparable runs among ``runs`` are of (None: none)."""
+    mlperf = [_json(r.get("spec_json")).get("mlperf") for r in runs if r.get("comparable")]
+    found = sorted({m.get("benchmark") for m in mlperf if isinstance(m, dict)} & set(PUBLISHED_TABLES))
+    return found[0] if found else None
+
+
 def published_points_for(runs: list[dict]) -> tuple[list[tuple], str]:
-    """Published llama2_70b_lora points for comparable runs of that benchmark, on their GPU model only."""
-    comparable = [r for r in runs if r.get("comparable")]
-    mlperf = [_json(r.get("spec_json")).get("mlperf") for r in comparable]
-    if not any(isinstance(m, dict) and m.get("benchmark") == "llama2_70b_lora" for m in mlperf):
+    """Published points of the benchmark comparable runs are of, on their GPU model only."""
+    bench = published_benchmark(runs)
+    if bench is None:
         return [], ""
-    gpus = {gpu_model_of(r) for r in comparable}
+    gpus = {gpu_model_of(r) for r in runs if r.get("comparable")}
     models = {gpu_model(g) for g in gpus} & {"H100", "H200"}
-    points, _ = split_imported([p for p in LLAMA2_70B_LORA if p[3] in models], runs)
-    return points, f"published llama2_70b_lora, {', '.join(sorted(models))} (MLCommons)"
+    points, _ = split_imported([p for p in PUBLISHED_TABLES[bench] if p[3] in models], runs, bench)
+    return points, f"published {bench}, {', '.join(sorted(models))} (MLCommons)"
 
 
-def is_imported_point(point: tuple, runs: list[dict]) -> bool:
-    """Whether a published llama2_70b_lora result (round, org, system, GPU, GPUs, GBS, minutes) is also
+def is_imported_point(point: tuple, runs: list[dict], workload: str) -> bool:
+    """Whether a published result of ``workload`` (round, org, system, GPU, GPUs, GBS, minutes) is also
     among the imported runs: same round, submitter, GPU model, GPU count and GBS."""
     rnd, org, _system, gpu, gpus, gbs, _minutes = point
     for r in runs:
-        if not is_imported(r) or r["workload"] != "llama2_70b_lora" or r["world_size"] != gpus:
+        if not is_imported(r) or r["workload"] != workload or r["world_size"] != gpus:
             continue
         sw = _json(r.get("software_json"))
         if (sw.get("round") == rnd and str(sw.get("org") or "").lower() == org.lower() and gpu in gpu_model_of(r)
@@ -245,10 +251,10 @@ def is_imported_point(point: tuple, runs: list[dict]) -> bool:
     return False
 
 
-def split_imported(points: list[tuple], runs: list[dict]) -> tuple[list[tuple], list[tuple]]:
-    """(published points to show, those left out because their logs are imported as runs): one
-    published result is shown once, as the imported runs, which carry its layout and every run."""
-    kept = [p for p in points if not is_imported_point(p, runs)]
+def split_imported(points: list[tuple], runs: list[dict], workload: str) -> tuple[list[tuple], list[tuple]]:
+    """(published points of ``workload`` to show, those left out because their logs are imported as runs):
+    one published result is shown once, as the imported runs, which carry its layout and every run."""
+    kept = [p for p in points if not is_imported_point(p, runs, workload)]
     return kept, [p for p in points if p not in kept]
 
 
@@ -354,7 +360,7 @@ def headline(runs: list[dict], rows: list[ScalingRow], scores: list[dict]) -> li
     """Per workload: the best time to train (a valid MLPerf score where its set has one, else the row's
     time to train and how it was formed) of this engine's runs -- of the imported ones when the workload
     has none of ours -- where it was reached, and the fastest published result at the same GPU count and
-    GPU model (imported runs' valid scores, and for llama2_70b_lora the published table)."""
+    GPU model (imported runs' valid scores, and a benchmark's published table where it has one)."""
     valid = {(s["workload"], s["run_set"]): s for s in scores if s["valid"]}
     out = []
     for w in sorted({r.workload for r in rows}):
@@ -373,8 +379,8 @@ def headline(runs: list[dict], rows: list[ScalingRow], scores: list[dict]) -> li
         minutes, basis = best_time(best)
         published = [(valid[(w, r.run_set)]["score_min"], _where(r.run_set), r.gpus, gpu_family(r.gpu_model))
                      for r in timed if r.engine != OUR_ENGINE and r.closed and (w, r.run_set) in valid]
-        if w == "llama2_70b_lora":
-            shown, _ = split_imported(LLAMA2_70B_LORA, runs)
+        if w in PUBLISHED_TABLES:
+            shown, _ = split_imported(PUBLISHED_TABLES[w], runs, w)
             published += [(p[6], f"{p[0]} {p[1]} {p[2]}", p[4], p[3]) for p in shown]
         same = [p for p in published if p[2] == best.gpus and p[3] == gpu_family(best.gpu_model)]
         entry = {"workload": w, "minutes": minutes, "basis": basis, "where": _where(best.run_set),
@@ -432,12 +438,13 @@ def render(runs: list[dict], evals_by_run: dict[str, list[dict]] | None = None, 
     parts.append(_runs_section(shown, len(runs)))
     if any(precision_of(r) == "fp8" and r.get("mfu") is not None for r in runs):
         parts.append(f"<p class='note'>{html.escape(MFU_NOTE)}</p>")
+    bench = published_benchmark(runs)
     if published_points_for(runs)[0]:
-        shown_points, imported = split_imported(LLAMA2_70B_LORA, runs)
+        shown_points, imported = split_imported(PUBLISHED_TABLES[bench], runs, bench)
         why = ("" if not imported else f"<p>{len(imported)} published result(s) ({'; '.join(f'{p[0]} {p[1]} {p[4]}x{p[3]}' for p in imported)}) "
                "are shown once, as the imported runs above, not here: those carry the same logs' layout, "
                "throughput and every run's time.</p>")
-        parts.append("<h2>Published MLPerf llama2_70b_lora results</h2>" + why + "<p class='note'>" + html.escape(SOURCE)
+        parts.append(f"<h2>Published MLPerf {html.escape(bench)} results</h2>" + why + "<p class='note'>" + html.escape(SOURCE)
                      + "</p>" + _table(["round", "org", "system", "GPU", "GPUs", "GBS", "minutes"],
                                        [list(p) for p in shown_points]))
     else:
